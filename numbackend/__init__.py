@@ -1,0 +1,1 @@
+"""numbackend: a Keras backend that compiles to native CPU code through Numba."""

@@ -1,0 +1,311 @@
+"""Generate, cache and load the Numba kernel of a fused element-wise group.
+
+A group computes element-wise nodes over one *domain* (the shape of its
+widest node), optionally ending in reductions over the domain's trailing
+``k`` axes.  The domain is seen as a 2-D space (R rows, C columns) split at
+axis ``s``; each external input varies along rows and/or columns:
+
+    'F' full (R, C)    'R' per row (R,)    'C' per column (C,)    'S' scalar
+
+A group without reductions whose inputs are all 'F' or 'S' becomes one flat
+loop.  Each kernel module holds a parallel and a serial entry point with the
+same body; the plan picks one by size, and Numba compiles only the one used.
+
+Generated source is canonical: names come from positions (x0, t3, r1...),
+never from a tensor's name, so the same structure gives the same text, whose
+hash keys the kernel in memory and on disk.  Numba caches the compiled code
+beside the source file, so a second process loads instead of compiling.
+"""
+import hashlib
+import importlib.util
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from . import ops as _ops
+
+# Bump when the generated code changes meaning: it is part of every kernel's key.
+CODEGEN_VERSION = 1
+
+_SUFFIX = {"float32": "f32", "float64": "f64"}
+_MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
+
+_modules = {}  # source hash -> loaded module
+stats = {"generated": 0, "loaded": 0}
+
+
+def cache_dir():
+    """NUMBACKEND_CACHE_DIR, else the user cache folder, else a temporary folder
+    (when the user one cannot be written, as on read-only serverless file systems)."""
+    env = os.environ.get("NUMBACKEND_CACHE_DIR")
+    if env:
+        candidates = [env]
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        candidates = [os.path.join(base, "numbackend")]
+    candidates.append(os.path.join(tempfile.gettempdir(), f"numbackend-{os.getuid()}"))
+    for folder in candidates:
+        folder = os.path.join(folder, f"kernels-v{CODEGEN_VERSION}")
+        try:
+            os.makedirs(folder, exist_ok=True)
+            if os.access(folder, os.W_OK):
+                return folder
+        except OSError:
+            continue
+    raise OSError("numbackend: no writable kernel cache folder (set NUMBACKEND_CACHE_DIR)")
+
+
+def scalar_type(dtype):
+    """The NumPy scalar constructor spelled in generated code."""
+    return "np.bool_" if dtype == "bool" else f"np.{dtype}"
+
+
+class KernelSpec:
+    """Everything the generator needs, in canonical form.
+
+    nodes: list of (op name, attrs, [operand refs], compute dtype, out dtype), where a
+    ref is ('in', i) for external input i or ('node', j) for an earlier member;
+    reduce members have op kind 'reduce'.
+    """
+
+    def __init__(self, rank, split, k, flat, inputs, nodes, outputs):
+        self.rank = rank          # domain rank
+        self.split = split        # s: rows = axes [0, s), columns = axes [s, rank)
+        self.k = k                # trailing reduced axes (0: none)
+        self.flat = flat          # one flat loop (no reductions, inputs 'F'/'S' only)
+        self.inputs = inputs      # list of (pattern, rank of the array, dtype)
+        self.nodes = nodes
+        self.outputs = outputs    # list of (node index, output shape kind, keepdims)
+
+
+def _load_expr(spec, i, idx_row, idx_col, flat_idx):
+    pattern = spec.inputs[i][0]
+    if pattern == "S":
+        return f"x{i}"
+    if spec.flat:
+        return f"v{i}[{flat_idx}]"
+    return {"F": f"v{i}[{idx_row}, {idx_col}]", "R": f"v{i}[{idx_row}]", "C": f"v{i}[{idx_col}]"}[pattern]
+
+
+def _node_expr(spec, j, operand_exprs):
+    name, _, refs, ct, ot = spec.nodes[j]
+    op = _ops.OPS[name]
+    casted = []
+    for ref, expr in zip(refs, operand_exprs):
+        dt = spec.inputs[ref[1]][2] if ref[0] == "in" else spec.nodes[ref[1]][4]
+        casted.append(expr if dt == ct else (f"({expr} != 0)" if ct == "bool" else f"{scalar_type(ct)}({expr})"))
+    if name == "cast" and ot == "bool":
+        return f"({casted[0]} != 0)"
+    return op.template.format(*casted, T=_SUFFIX.get(ct, "f64"), ct=scalar_type(ct), ot=scalar_type(ot))
+
+
+def generate_source(spec):
+    """Python source of a kernel module with entry points `kernel_par` and `kernel_ser`."""
+    lines = []
+    emit = lines.append
+    n_in = len(spec.inputs)
+    args = ", ".join(f"x{i}" for i in range(n_in))
+    emit("import numpy as np")
+    emit("from numba import njit, prange")
+    body = _generate_body(spec)
+    text = "\n".join(body)
+    if "vm." in text:
+        emit("from jit_kernels import vmath as vm")
+    if "rd." in text:
+        emit("from jit_kernels import reduce as rd")
+    emit("")
+    emit(f"MISMATCH = {_MISMATCH!r}")
+    for variant, decorator, loop in (("par", "njit(parallel=True, error_model='numpy', cache=True)", "prange"),
+                                     ("ser", "njit(error_model='numpy', cache=True)", "range")):
+        emit("")
+        emit(f"@{decorator}")
+        emit(f"def kernel_{variant}({args}):")
+        for line in body:
+            emit("    " + line.replace("PRANGE", loop))
+    return "\n".join(lines) + "\n"
+
+
+def _domain_dims(spec):
+    """Code that reads the domain's dims D0.. from the inputs and checks every input."""
+    lines, source = [], {}
+    s = spec.split
+    for i, (pattern, rank, _) in enumerate(spec.inputs):
+        if pattern == "S":
+            continue
+        off = spec.rank - rank
+        axes = {"F": range(spec.rank), "R": range(s), "C": range(s, spec.rank)}[pattern]
+        for j in axes:
+            if j - off < 0:
+                continue
+            ref = f"x{i}.shape[{j - off}]"
+            if j not in source:
+                source[j] = ref
+                lines.append(f"D{j} = {ref}")
+            else:
+                lines.append(f"if {ref} != D{j}:")
+                lines.append("    raise ValueError(MISMATCH)")
+    for j in range(spec.rank):
+        if j not in source:
+            lines.append(f"D{j} = 1")
+    return lines
+
+
+def _prod(names):
+    return " * ".join(names) if names else "1"
+
+
+def _generate_body(spec):
+    lines = _domain_dims(spec)
+    emit = lines.append
+    s, rank = spec.split, spec.rank
+    rows = _prod([f"D{j}" for j in range(s)])
+    cols = _prod([f"D{j}" for j in range(s, rank)])
+    emit(f"R = {rows}")
+    emit(f"C = {cols}")
+    for i, (pattern, _, _) in enumerate(spec.inputs):
+        if pattern == "S":
+            continue
+        if spec.flat:
+            emit(f"v{i} = x{i}.reshape((R * C,))")
+        else:
+            emit(f"v{i} = x{i}.reshape({ {'F': '(R, C)', 'R': '(R,)', 'C': '(C,)'}[pattern] })")
+    full_shape = "(" + "".join(f"D{j}, " for j in range(rank)) + ")"
+    outs = []
+    for o, (j, kind, keepdims) in enumerate(spec.outputs):
+        dt = scalar_type(spec.nodes[j][4])
+        if kind == "full":
+            size = "(R * C,)" if spec.flat else "(R, C)"
+            emit(f"o{o} = np.empty({size}, dtype={dt})")
+            outs.append(f"o{o}.reshape({full_shape})")
+        else:
+            emit(f"o{o} = np.empty((R,), dtype={dt})")
+            shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
+            outs.append(f"o{o}.reshape(({shape}))")
+    if spec.flat:
+        emit("for i in PRANGE(R * C):")
+        exprs = _emit_elementwise(spec, range(len(spec.nodes)), "i", None, lines, "    ", {})
+        for o, (j, _, _) in enumerate(spec.outputs):
+            emit(f"    o{o}[i] = {exprs[j]}")
+    else:
+        _emit_rows(spec, lines)
+    emit("return (" + "".join(o + ", " for o in outs) + ")")
+    return lines
+
+
+def _needed(spec, targets, available):
+    """Member indices needed (in order) to compute ``targets``, stopping at ``available``."""
+    need, stack = set(), list(targets)
+    while stack:
+        j = stack.pop()
+        if j in need or j in available:
+            continue
+        need.add(j)
+        for ref in spec.nodes[j][2]:
+            if ref[0] == "node":
+                stack.append(ref[1])
+    return sorted(need)
+
+
+def _emit_elementwise(spec, members, col, row, lines, indent, known):
+    """Emit one assignment per member; returns {member: expression}."""
+    exprs = dict(known)
+    for j in members:
+        _, _, refs, _, _ = spec.nodes[j]
+        operands = [exprs[r[1]] if r[0] == "node" else _load_expr(spec, r[1], row, col, col)
+                    for r in refs]
+        lines.append(f"{indent}t{j} = {_node_expr(spec, j, operands)}")
+        exprs[j] = f"t{j}"
+    return exprs
+
+
+def _emit_rows(spec, lines):
+    """Row loop: each reduction is a stage over the row; values a later stage needs again
+    are kept in the stage's row buffer instead of being recomputed."""
+    emit = lines.append
+    emit("for r in PRANGE(R):")
+    reduced = {}   # member -> per-row scalar name
+    buffered = {}  # member -> row buffer name
+    reduce_members = [j for j, n in enumerate(spec.nodes) if _ops.OPS[n[0]].kind == "reduce"]
+    for j in reduce_members:
+        name, _, refs, ct, ot = spec.nodes[j]
+        (ref,) = refs
+        if ref[0] == "in" and spec.inputs[ref[1]][0] == "F" and spec.inputs[ref[1]][2] == ct:
+            row = f"v{ref[1]}[r]"
+        elif ref[0] == "node" and ref[1] in buffered and spec.nodes[ref[1]][4] == ct:
+            row = buffered[ref[1]]
+        else:
+            buf = f"b{j}"
+            emit(f"    {buf} = np.empty(C, dtype={scalar_type(ct)})")
+            emit("    for c in range(C):")
+            avail = {m: buffered[m] + "[c]" for m in buffered}
+            avail.update(reduced)
+            members = _needed(spec, [ref[1]] if ref[0] == "node" else [], avail)
+            exprs = _emit_elementwise(spec, members, "c", "r", lines, "        ", avail)
+            value = exprs[ref[1]] if ref[0] == "node" else _load_expr(spec, ref[1], "r", "c", "c")
+            src_dtype = spec.nodes[ref[1]][4] if ref[0] == "node" else spec.inputs[ref[1]][2]
+            if src_dtype != ct:
+                value = f"({value} != 0)" if ct == "bool" else f"{scalar_type(ct)}({value})"
+            emit(f"        {buf}[c] = {value}")
+            row = buf
+            if ref[0] == "node" and src_dtype == ct:
+                buffered[ref[1]] = buf
+        value = f"rd.row_{'sum' if name == 'mean' else name}({row}, C)"
+        if name == "mean":
+            value = f"{value} / C"
+        emit(f"    r{j} = {scalar_type(ot)}({value})")
+        reduced[j] = f"r{j}"
+    full = [(o, j) for o, (j, kind, _) in enumerate(spec.outputs) if kind == "full"]
+    if full:
+        emit("    for c in range(C):")
+        avail = {m: buffered[m] + "[c]" for m in buffered}
+        avail.update(reduced)
+        members = _needed(spec, [j for _, j in full], avail)
+        exprs = _emit_elementwise(spec, members, "c", "r", lines, "        ", avail)
+        for o, j in full:
+            emit(f"        o{o}[r, c] = {exprs[j]}")
+    for o, (j, kind, _) in enumerate(spec.outputs):
+        if kind == "reduced":
+            emit(f"    o{o}[r] = {reduced[j]}")
+
+
+def load_kernel(source):
+    """The module for ``source``: from memory, else from the cache folder (written if new)."""
+    key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
+    module = _modules.get(key)
+    if module is not None:
+        return module
+    folder = cache_dir()
+    path = os.path.join(folder, f"k_{key}.py")
+    if not os.path.exists(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.write(source)
+        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
+        stats["generated"] += 1
+    name = f"numbackend_kernels.k_{key}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    module.SOURCE = source
+    module.KEY = key
+    _modules[key] = module
+    stats["loaded"] += 1
+    return module
+
+
+def numba_stats():
+    """Compiles and cache loads made by Numba for generated kernels in this process."""
+    compiled = hits = 0
+    for module in _modules.values():
+        for variant in ("kernel_par", "kernel_ser"):
+            disp = getattr(module, variant)
+            compiled += sum(disp.stats.cache_misses.values())
+            hits += sum(disp.stats.cache_hits.values())
+    return {"compiled": compiled, "cache_hits": hits}
+
+
+def scalar_dtype(dtype):
+    return np.dtype(dtype)

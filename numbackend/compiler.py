@@ -1,0 +1,537 @@
+"""Compile a sub-graph into a plan: rewrite, partition, generate, run.
+
+1. rewrite: merge common sub-expressions and fold constants;
+2. partition: element-wise nodes (and trailing-axis reductions ending them)
+   are grouped into fused kernels; every other op is one library step;
+3. generate: each fused group gets a Numba kernel (codegen.py); the plan
+   itself is a short generated Python function that calls the steps in
+   order, so a call costs one Python frame plus one call per step.
+"""
+import functools
+import os
+
+import numpy as np
+
+from . import codegen
+from .graph import Constant, Placeholder, Variable, format_shape, toposort
+from .ops import OPS
+
+# Below this many elements a kernel runs its serial loop: a parallel region
+# costs microseconds, more than a small loop takes.
+PARALLEL_MIN_SIZE = 16384
+# Groups whose domain is known to be this small are evaluated with NumPy: no compile.
+NUMPY_MAX_SIZE = 16
+LEAVES = ("placeholder", "variable", "constant")
+_VIEW_OPS = ("reshape", "reshape_like", "stop_gradient", "print_tensor", "reshape_dynamic")
+
+
+def debug_level():
+    try:
+        return int(os.environ.get("NUMBACKEND_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+# ---------------------------------------------------------------------------
+# Rewrite
+
+
+def _attrs_key(attrs):
+    return repr(sorted(attrs.items()))
+
+
+def rewrite(targets):
+    """Merge common sub-expressions and fold constants; returns the new targets."""
+    replaced = {}
+    seen = {}
+    constants = {}
+    for node in toposort(targets):
+        if node.op in ("placeholder", "variable"):
+            replaced[node.id] = node
+            continue
+        if node.op == "constant":
+            key = None
+            if node.value.size <= 64:
+                key = (node.dtype, node.value.shape, node.value.tobytes())
+                if key in constants:
+                    replaced[node.id] = constants[key]
+                    continue
+                constants[key] = node
+            replaced[node.id] = node
+            continue
+        inputs = [replaced[i.id] for i in node.inputs]
+        op = OPS[node.op]
+        if (not op.stateful and node.op != "print_tensor" and inputs
+                and all(i.op == "constant" for i in inputs)):
+            value = evaluate(node, [i.value for i in inputs])
+            new = Constant(value, dtype=node.dtype)
+            replaced[node.id] = new
+            continue
+        if op.stateful:
+            key = ("stateful", node.id)
+        else:
+            key = (node.op, tuple(i.id for i in inputs), _attrs_key(node.attrs))
+        if key in seen:
+            replaced[node.id] = seen[key]
+            continue
+        if all(a is b for a, b in zip(inputs, node.inputs)):
+            new = node
+        else:
+            new = _copy_node(node, inputs)
+        seen[key] = new
+        replaced[node.id] = new
+    return [replaced[t.id] for t in targets]
+
+
+def _copy_node(node, inputs):
+    from .graph import Tensor
+    new = Tensor(node.op, inputs, node.attrs, node.shape, node.dtype, node.name)
+    return new
+
+
+def evaluate(node, arrays):
+    """NumPy semantics of one node (the reference, folding and fallback path)."""
+    op = OPS[node.op]
+    if op.kind == "elementwise":
+        ct = op.compute_dtype(node.inputs, node.attrs)
+        arrays = [np.asarray(a).astype(ct, copy=False) for a in arrays]
+        with np.errstate(all="ignore"):
+            out = op.impl(*arrays, **node.attrs)
+    else:
+        out = op.impl(*arrays, **node.attrs)
+    return np.asarray(out).astype(node.dtype, copy=False)
+
+
+# ---------------------------------------------------------------------------
+# Partition
+
+
+class Group:
+    """Element-wise members computed over one domain, ending in reductions over
+    its trailing ``k`` axes; ``root`` is the member whose value leaves the group."""
+
+    def __init__(self, root, domain, k):
+        self.root = root
+        self.domain = domain
+        self.k = k
+        self.members = [root]
+
+    def known_size(self):
+        if any(d is None for d in self.domain):
+            return None
+        return int(np.prod(self.domain, dtype=np.int64))
+
+
+def _trailing_axes(axes, ndim):
+    return len(axes) > 0 and tuple(axes) == tuple(range(ndim - len(axes), ndim))
+
+
+def _fusible_dtype(dtype):
+    return dtype != "float16"
+
+
+def partition(order, targets):
+    """Assign nodes to fused groups (reverse topological order) and library steps."""
+    users = {}
+    for node in order:
+        for inp in node.inputs:
+            users.setdefault(inp.id, []).append(node)
+    target_ids = {t.id for t in targets}
+    group_of = {}
+    groups = []
+    for node in reversed(order):
+        if node.op in LEAVES:
+            continue
+        op = OPS[node.op]
+        if op.kind == "library":
+            continue
+        consumers = users.get(node.id, [])
+        if node.id not in target_ids and consumers:
+            cgroups = {id(group_of.get(c.id)) for c in consumers}
+            g = group_of.get(consumers[0].id)
+            if len(cgroups) == 1 and g is not None and _can_join(g, node):
+                if op.kind == "reduce":
+                    g.k = len(node.attrs["axis"])
+                g.members.append(node)
+                group_of[node.id] = g
+                continue
+        if op.kind == "reduce":
+            x = node.inputs[0]
+            if not _trailing_axes(node.attrs["axis"], x.ndim) or not _fusible_dtype(x.dtype):
+                continue  # a library step: NumPy's reduction
+            g = Group(node, x.shape, len(node.attrs["axis"]))
+        else:
+            g = Group(node, node.shape, 0)
+        group_of[node.id] = g
+        groups.append(g)
+    for g in groups:
+        g.members.reverse()  # topological order
+    return groups, group_of
+
+
+def _can_join(g, node):
+    if not _fusible_dtype(node.dtype) or any(not _fusible_dtype(i.dtype) for i in node.inputs):
+        return False
+    op = OPS[node.op]
+    if op.kind == "elementwise":
+        return node.shape == g.domain
+    x = node.inputs[0]
+    axes = node.attrs["axis"]
+    return (node.attrs["keepdims"] and x.shape == g.domain and _trailing_axes(axes, x.ndim)
+            and g.k in (0, len(axes)))
+
+
+# ---------------------------------------------------------------------------
+# Layout of a fused group
+
+
+def _full_mask(shape, domain):
+    """Per domain axis: does this input vary along it (True) or broadcast (False)?"""
+    off = len(domain) - len(shape)
+    mask = []
+    for j, d in enumerate(domain):
+        if j < off:
+            mask.append(False)
+        else:
+            mask.append(not (shape[j - off] == 1 and d != 1))
+    return mask
+
+
+def _pattern(mask, domain, split):
+    def uniform(part, dims):
+        vals = {m for m, d in zip(part, dims) if d != 1}
+        if not vals:
+            return "any"
+        return vals.pop() if len(vals) == 1 else None
+    outer = uniform(mask[:split], domain[:split])
+    inner = uniform(mask[split:], domain[split:])
+    if outer is None or inner is None:
+        return None
+    outer = outer if outer != "any" else (inner if inner != "any" else False)
+    inner = inner if inner != "any" else outer
+    return {(True, True): "F", (True, False): "R", (False, True): "C", (False, False): "S"}[(outer, inner)]
+
+
+def layout(group, inputs):
+    """Choose the split and each input's pattern; returns (split, patterns, flat)."""
+    domain = group.domain
+    d = len(domain)
+    masks = [_full_mask(t.shape, domain) for t in inputs]
+    splits = [d - group.k] if group.k else [d] + list(range(d - 1, -1, -1))
+    best = None
+    for s in splits:
+        patterns = [_pattern(m, domain, s) for m in masks]
+        misfits = sum(p is None for p in patterns)
+        flat = group.k == 0 and all(p in ("F", "S", None) for p in patterns)
+        score = (misfits, not flat)
+        if best is None or score < best[0]:
+            best = (score, s, patterns, flat)
+    _, s, patterns, flat = best
+    return s, patterns, flat
+
+
+# ---------------------------------------------------------------------------
+# Plan
+
+
+class Step:
+    """One line of the plan, for explain()."""
+
+    def __init__(self, kind, label, nodes, out, kernel=None):
+        self.kind = kind
+        self.label = label
+        self.nodes = nodes
+        self.out = out
+        self.kernel = kernel
+
+
+class Plan:
+    """A compiled function body: ``run(*placeholder_arrays) -> tuple of target values``."""
+
+    def __init__(self, placeholders, targets):
+        self.placeholders = list(placeholders)
+        targets = rewrite(targets)
+        self.targets = targets
+        order = toposort(targets)
+        self.order = order
+        groups, group_of = partition(order, targets)
+        self.steps = []
+        self.kernels = []
+        self._build(order, groups, group_of)
+
+    def _build(self, order, groups, group_of):
+        names = {}
+        ns = {"np": np, "_PAR": PARALLEL_MIN_SIZE, "_bshape": _broadcast_runtime}
+        lines = []
+        counter = [0]
+
+        def fresh_name(prefix):
+            counter[0] += 1
+            return f"{prefix}{counter[0]}"
+
+        args = []
+        for i, ph in enumerate(self.placeholders):
+            names[ph.id] = f"p{i}"
+            args.append(f"p{i}")
+        fresh = {}
+        for node in order:
+            if node.id in names:
+                continue
+            if node.op == "constant":
+                name = fresh_name("c")
+                ns[name] = node.value
+                names[node.id] = name
+                fresh[node.id] = False
+                continue
+            if node.op == "variable":
+                vname = fresh_name("V")
+                ns[vname] = node
+                name = fresh_name("v")
+                lines.append(f"{name} = {vname}.value")
+                names[node.id] = name
+                fresh[node.id] = False
+                continue
+            if node.op == "placeholder":
+                raise ValueError(f"function: the outputs depend on placeholder {node.name!r}, "
+                                 "which is not among the inputs")
+            g = group_of.get(node.id)
+            if g is None:
+                fname = fresh_name("L")
+                ns[fname] = functools.partial(evaluate, node)
+                name = fresh_name("v")
+                call_args = ", ".join(names[i.id] for i in node.inputs)
+                lines.append(f"{name} = {fname}([{call_args}])")
+                names[node.id] = name
+                fresh[node.id] = node.op not in _VIEW_OPS or (node.op in _VIEW_OPS and fresh.get(node.inputs[0].id, False))
+                self.steps.append(Step("library", node.op, [node], node))
+                continue
+            if node is not g.root:
+                continue  # a group is emitted at its root, after all its inputs
+            self._emit_group(g, names, ns, lines, fresh_name)
+            fresh[g.root.id] = True
+        outs = []
+        for t in self.targets:
+            if not fresh.get(t.id, False):
+                outs.append(f"np.array({names[t.id]})")  # the caller owns what it gets
+            else:
+                outs.append(names[t.id])
+        source = [f"def plan({', '.join(args)}):"]
+        source += ["    " + line for line in lines]
+        source.append("    return (" + "".join(o + ", " for o in outs) + ")")
+        self.source = "\n".join(source) + "\n"
+        exec(compile(self.source, "<numbackend plan>", "exec"), ns)  # noqa: S102 - our own source
+        self.run = ns["plan"]
+        self.namespace = ns
+
+    def _emit_group(self, g, names, ns, lines, fresh_name):
+        members = {m.id: j for j, m in enumerate(g.members)}
+        inputs = []
+        for m in g.members:
+            for i in m.inputs:
+                if i.id not in members and all(i is not x for x in inputs):
+                    inputs.append(i)
+        out_name = fresh_name("v")
+        names[g.root.id] = out_name
+        size = g.known_size()
+        in_names = [names[i.id] for i in inputs]
+        if size is not None and size <= NUMPY_MAX_SIZE or any(
+                not _fusible_dtype(x.dtype) for x in list(inputs) + g.members):
+            self._emit_numpy_group(g, inputs, in_names, out_name, ns, lines, fresh_name)
+            return
+        split, patterns, flat = layout(g, inputs)
+        if any(p is None for p in patterns):
+            dom = fresh_name("d")
+            lines.append(f"{dom} = _bshape({', '.join(in_names)})")
+            for i, p in enumerate(patterns):
+                if p is None:
+                    lines.append(f"{in_names[i]}b = np.ascontiguousarray(np.broadcast_to({in_names[i]}, {dom}))")
+                    in_names[i] = in_names[i] + "b"
+                    patterns[i] = "F"
+            split, patterns, flat = layout_with(g, inputs, patterns, split)
+        spec_inputs = [(p, len(t.shape), t.dtype) for p, t in zip(patterns, inputs)]
+        spec_nodes = []
+        for m in g.members:
+            refs = [("node", members[i.id]) if i.id in members else ("in", _index(inputs, i))
+                    for i in m.inputs]
+            op = OPS[m.op]
+            if op.kind == "reduce":
+                ct = "bool" if m.op in ("any", "all") else m.dtype
+            else:
+                ct = op.compute_dtype(m.inputs, m.attrs)
+            spec_nodes.append((m.op, m.attrs, refs, ct, m.dtype))
+        root = g.root
+        kind = "reduced" if OPS[root.op].kind == "reduce" else "full"
+        keepdims = root.attrs.get("keepdims", False) if kind == "reduced" else False
+        spec = codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
+                                  [(members[root.id], kind, keepdims)])
+        source = codegen.generate_source(spec)
+        module = codegen.load_kernel(source)
+        kname = fresh_name("K")
+        ns[kname] = module
+        self.kernels.append(module)
+        call_args = []
+        for name, p, t in zip(in_names, patterns, inputs):
+            if p == "S":
+                if t.op == "constant":
+                    sname = fresh_name("s")
+                    ns[sname] = t.value.reshape(-1)[0]
+                    call_args.append(sname)
+                else:
+                    call_args.append(f"{name}.reshape(-1)[0]")
+            else:
+                call_args.append(name)
+        size_expr = _size_expr(in_names, patterns)
+        arglist = ", ".join(call_args)
+        lines.append(f"if {size_expr} >= _PAR:")
+        lines.append(f"    ({out_name},) = {kname}.kernel_par({arglist})")
+        lines.append("else:")
+        lines.append(f"    ({out_name},) = {kname}.kernel_ser({arglist})")
+        self.steps.append(Step("kernel", f"fused[{module.KEY[:8]}]", list(g.members), root, module))
+
+    def _emit_numpy_group(self, g, inputs, in_names, out_name, ns, lines, fresh_name):
+        local = {i.id: n for i, n in zip(inputs, in_names)}
+        for m in g.members:
+            fname = fresh_name("L")
+            ns[fname] = functools.partial(evaluate, m)
+            name = out_name if m is g.root else fresh_name("v")
+            lines.append(f"{name} = {fname}([{', '.join(local[i.id] for i in m.inputs)}])")
+            local[m.id] = name
+        self.steps.append(Step("numpy", "numpy", list(g.members), g.root))
+
+    def explain(self):
+        """One line per step: the kernel, the graph ops it runs, the output shape."""
+        out = []
+        for i, step in enumerate(self.steps):
+            ops = " -> ".join(n.op for n in step.nodes)
+            out.append(f"{i:3d}  {step.kind:8s} {step.label:18s} {ops}  "
+                       f"out={format_shape(step.out.shape)} {step.out.dtype}")
+        return "\n".join(out)
+
+
+def layout_with(g, inputs, patterns, split):
+    flat = g.k == 0 and all(p in ("F", "S") for p in patterns)
+    return split, patterns, flat
+
+
+def _index(seq, item):
+    for i, x in enumerate(seq):
+        if x is item:
+            return i
+    raise KeyError(item)
+
+
+def _size_expr(names, patterns):
+    for n, p in zip(names, patterns):
+        if p == "F":
+            return f"{n}.size"
+    rows = next((n for n, p in zip(names, patterns) if p == "R"), None)
+    cols = next((n for n, p in zip(names, patterns) if p == "C"), None)
+    parts = [f"{n}.size" for n in (rows, cols) if n is not None]
+    return " * ".join(parts) if parts else "0"
+
+
+def _broadcast_runtime(*arrays):
+    return np.broadcast_shapes(*[np.shape(a) for a in arrays])
+
+
+# ---------------------------------------------------------------------------
+# Function
+
+
+class Function:
+    """A compiled ``K.function``: call it with a list of arrays, one per input."""
+
+    def __init__(self, inputs, outputs, updates=(), name=None):
+        from . import ops
+        self.inputs = list(inputs)
+        for i, x in enumerate(self.inputs):
+            if not isinstance(x, Placeholder):
+                raise TypeError(f"function: input {i} must be a placeholder, got {x!r}")
+        self.single_output = not isinstance(outputs, (list, tuple))
+        self.outputs = [ops.as_tensor(o, where="function") for o in
+                        ([outputs] if self.single_output else list(outputs))]
+        self.update_vars = []
+        update_values = []
+        for u in updates or ():
+            var, value = _unpack_update(u)
+            value = ops.as_tensor(value, dtype=var.dtype, where="function")
+            if value.shape != var.shape and None not in value.shape:
+                raise ValueError(f"function: update of variable {var.name!r} of shape "
+                                 f"{format_shape(var.shape)} with a value of shape "
+                                 f"{format_shape(value.shape)}")
+            if value.dtype != var.dtype:
+                value = ops.apply("cast", value, dtype=var.dtype)
+            self.update_vars.append(var)
+            update_values.append(value)
+        placeholders = list(self.inputs)
+        self._defaults = []
+        for node in toposort(self.outputs + update_values):
+            if isinstance(node, Placeholder) and all(node is not p for p in placeholders):
+                if node.default is None:
+                    raise ValueError(f"function: the outputs depend on placeholder {node.name!r}, "
+                                     "which is not among the inputs")
+                placeholders.append(node)
+                self._defaults.append(node.default)
+        self.plan = Plan(placeholders, self.outputs + update_values)
+        self.name = name
+        level = debug_level()
+        if level >= 1:
+            print(self.explain())
+        if level >= 2:
+            print(self.plan.source)
+            for k in self.plan.kernels:
+                print(k.SOURCE)
+
+    def _check(self, values):
+        if not isinstance(values, (list, tuple)):
+            raise TypeError("function: call with a list of input arrays, "
+                            f"got {type(values).__name__}")
+        if len(values) != len(self.inputs):
+            raise ValueError(f"function: expected {len(self.inputs)} input(s), got {len(values)}")
+        arrays = []
+        for i, (ph, value) in enumerate(zip(self.inputs, values)):
+            arr = np.asarray(value)
+            castable = np.can_cast(arr.dtype, ph.dtype, "same_kind") or (
+                arr.dtype.kind in "biu" and np.dtype(ph.dtype).kind in "iuf")
+            if arr.dtype != ph.dtype and not castable:
+                raise TypeError(f"function: input {i} ({ph.name!r}) has dtype {ph.dtype}; "
+                                f"cannot cast a {arr.dtype} array to it")
+            if arr.ndim != len(ph.shape) or any(
+                    d is not None and d != a for d, a in zip(ph.shape, arr.shape)):
+                raise ValueError(f"function: input {i} ({ph.name!r}) expects shape "
+                                 f"{format_shape(ph.shape)}, got {arr.shape}")
+            arrays.append(np.ascontiguousarray(arr, dtype=ph.dtype))
+        return arrays
+
+    def __call__(self, values=()):
+        arrays = self._check(values)
+        results = self.plan.run(*arrays, *self._defaults)
+        n = len(self.outputs)
+        new_values = results[n:]
+        for var, value in zip(self.update_vars, new_values):
+            if value.shape != var.shape:
+                raise ValueError(f"function: update of variable {var.name!r} of shape "
+                                 f"{var.shape} computed a value of shape {value.shape}; "
+                                 "no variable was changed")
+        for var, value in zip(self.update_vars, new_values):
+            var.value = value
+        outputs = list(results[:n])
+        return outputs[0] if self.single_output else outputs
+
+    def explain(self):
+        """The compiled plan, one line per step."""
+        return self.plan.explain()
+
+    def kernel_sources(self):
+        """The generated source of each kernel the plan calls."""
+        return [k.SOURCE for k in self.plan.kernels]
+
+
+def _unpack_update(u):
+    if isinstance(u, (list, tuple)) and len(u) == 2:
+        var, value = u
+    else:
+        raise TypeError(f"function: an update must be a (variable, new_value) pair, got {u!r}")
+    if not isinstance(var, Variable):
+        raise TypeError(f"function: updates must target variables, got {var!r}")
+    return var, value

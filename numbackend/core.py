@@ -1,0 +1,291 @@
+"""Variables, placeholders, constants, compiled functions and their values."""
+import itertools
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import config
+from .compiler import Function
+from .graph import Constant, Placeholder, Tensor, Variable, canonical_dtype, is_tensor
+from .ops import apply, as_tensor
+
+_uid_prefixes = {}
+_name_counter = itertools.count()
+
+
+def _dtype_or_floatx(dtype, where):
+    return canonical_dtype(config.floatx() if dtype is None else dtype, where)
+
+
+def variable(value, dtype=None, name=None, constraint=None):
+    """A variable initialised with ``value`` (a NumPy array or number).
+
+    Keras 2.2.5: ``variable(value, dtype=None, name=None, constraint=None)``.
+    """
+    if is_tensor(value):
+        value = eval(value)
+    if hasattr(value, "toarray"):  # a SciPy sparse matrix: stored dense
+        value = value.toarray()
+    dtype = _dtype_or_floatx(dtype, "variable")
+    v = Variable(np.asarray(value), dtype, name=name, constraint=constraint)
+    v._keras_shape = v.shape
+    v._uses_learning_phase = False
+    return v
+
+
+def constant(value, dtype=None, shape=None, name=None):
+    """A constant tensor; a scalar ``value`` is filled into ``shape`` when given."""
+    dtype = _dtype_or_floatx(dtype, "constant")
+    value = np.asarray(value, dtype=dtype)
+    if shape is not None:
+        value = np.full(tuple(shape), value, dtype=dtype) if value.ndim == 0 else value.reshape(shape)
+    return Constant(value, dtype=dtype, name=name)
+
+
+def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
+    """An input of a compiled function; ``shape`` may hold None entries; one of
+    ``shape``/``ndim`` is required and ``shape`` wins."""
+    if sparse:
+        raise NotImplementedError("placeholder: sparse placeholders are not supported by numbackend")
+    if shape is None:
+        if ndim is None:
+            raise ValueError("placeholder: give a shape or an ndim")
+        shape = (None,) * int(ndim)
+    shape = tuple(None if d is None else int(d) for d in shape)
+    if any(d is not None and d < 0 for d in shape):
+        raise ValueError(f"placeholder: negative dimension in shape {shape}")
+    p = Placeholder(shape, _dtype_or_floatx(dtype, "placeholder"), name=name)
+    p._keras_shape = shape
+    p._uses_learning_phase = False
+    return p
+
+
+def is_placeholder(x):
+    """True if x is a placeholder."""
+    return isinstance(x, Placeholder)
+
+
+def is_keras_tensor(x):
+    """True if x is a tensor made by a Keras layer (it carries ``_keras_history``)."""
+    if not is_tensor(x):
+        raise ValueError("Unexpectedly found an instance of type `" + str(type(x)) + "`. "
+                         "Expected a symbolic tensor instance.")
+    return hasattr(x, "_keras_history")
+
+
+def is_sparse(tensor):
+    """numbackend has no sparse tensors: always False."""
+    return False
+
+
+def to_dense(tensor):
+    """Tensors are always dense: returns the tensor."""
+    return tensor
+
+
+def shape(x):
+    """The symbolic shape of x, as an int32 tensor."""
+    return apply("shape", x)
+
+
+def int_shape(x):
+    """The static shape of x as a tuple of ints and None."""
+    if is_tensor(x):
+        return tuple(x.shape)
+    return tuple(np.shape(x))
+
+
+def ndim(x):
+    """The rank of x."""
+    return len(int_shape(x))
+
+
+def dtype(x):
+    """The dtype of x, as a string."""
+    if is_tensor(x):
+        return x.dtype
+    return np.asarray(x).dtype.name
+
+
+def eval(x):
+    """The value of a tensor, as a NumPy array."""
+    if isinstance(x, Variable):
+        return x.value.copy()
+    if isinstance(x, Constant):
+        return np.array(x.value)
+    if not is_tensor(x):
+        return np.asarray(x)
+    return Function([], [x])([])[0]
+
+
+def zeros(shape, dtype=None, name=None):
+    """A variable of zeros."""
+    return variable(np.zeros(_int_tuple(shape, "zeros")), dtype=dtype, name=name)
+
+
+def ones(shape, dtype=None, name=None):
+    """A variable of ones."""
+    return variable(np.ones(_int_tuple(shape, "ones")), dtype=dtype, name=name)
+
+
+def eye(size, dtype=None, name=None):
+    """An identity-matrix variable; ``size`` is an int or an (rows, cols) pair."""
+    if isinstance(size, (tuple, list)):
+        n, m = size
+    else:
+        n, m = size, size
+    return variable(np.eye(int(n), int(m)), dtype=dtype, name=name)
+
+
+def zeros_like(x, dtype=None, name=None):
+    """Zeros of the shape of x (a tensor: its runtime shape)."""
+    return apply("multiply", apply("cast", as_tensor(x), dtype=dtype or _like_dtype(x)), 0)
+
+
+def ones_like(x, dtype=None, name=None):
+    """Ones of the shape of x (a tensor: its runtime shape)."""
+    z = zeros_like(x, dtype=dtype)
+    return apply("add", z, 1)
+
+
+def _like_dtype(x):
+    return x.dtype if is_tensor(x) else np.asarray(x).dtype.name
+
+
+def identity(x, name=None):
+    """A copy of x."""
+    return apply("identity", x)
+
+
+def count_params(x):
+    """The number of scalars in x (its static shape must be known)."""
+    shp = int_shape(x)
+    if any(d is None for d in shp):
+        raise ValueError(f"count_params: shape {shp} is not fully known")
+    return int(np.prod(shp, dtype=np.int64))
+
+
+def cast(x, dtype):
+    """x converted to ``dtype``."""
+    dtype = canonical_dtype(dtype, "cast")
+    x = as_tensor(x)
+    if x.dtype == dtype:
+        return x
+    return apply("cast", x, dtype=dtype)
+
+
+def get_value(x):
+    """The value of a variable, as a NumPy array (a copy)."""
+    if not isinstance(x, Variable):
+        if is_tensor(x):
+            return eval(x)
+        raise TypeError(f"get_value: expected a variable, got {type(x).__name__}")
+    return x.value.copy()
+
+
+def batch_get_value(ops):
+    """The values of several variables."""
+    return [get_value(x) for x in ops]
+
+
+def set_value(x, value):
+    """Set a variable's value from a NumPy array of the same shape."""
+    if not isinstance(x, Variable):
+        raise TypeError(f"set_value: expected a variable, got {type(x).__name__}")
+    x.assign(value)
+
+
+def batch_set_value(tuples):
+    """Set several variables; all shapes are checked before any is written."""
+    tuples = list(tuples)
+    for x, value in tuples:
+        if not isinstance(x, Variable):
+            raise TypeError(f"batch_set_value: expected variables, got {type(x).__name__}")
+        if np.shape(value) != x.shape:
+            raise ValueError(f"batch_set_value: variable {x.name!r} has shape {x.shape}, "
+                             f"got a value of shape {np.shape(value)}; no variable was changed")
+    for x, value in tuples:
+        x.assign(value)
+
+
+def print_tensor(x, message=""):
+    """x, printing ``message`` and its value each time it is computed."""
+    return apply("print_tensor", x, message=str(message))
+
+
+def function(inputs, outputs, updates=None, **kwargs):
+    """Compile a function from placeholders to outputs; ``updates`` are
+    (variable, new_value) pairs computed from the values before the call and
+    written after it succeeds."""
+    allowed = {"name"}
+    unknown = set(kwargs) - allowed
+    if unknown:
+        raise ValueError(f"function: invalid keyword argument(s) {sorted(unknown)}")
+    return Function(inputs, outputs, updates or [], name=kwargs.get("name"))
+
+
+def explain(fn):
+    """The compiled plan of a function, one line per step."""
+    return fn.explain()
+
+
+def get_uid(prefix=""):
+    """A unique integer per prefix, counting from 1."""
+    _uid_prefixes[prefix] = _uid_prefixes.get(prefix, 0) + 1
+    return _uid_prefixes[prefix]
+
+
+def reset_uids():
+    """Reset the counters of get_uid."""
+    _uid_prefixes.clear()
+
+
+@contextmanager
+def name_scope(name):
+    """A context manager for names; numbackend keeps no name hierarchy."""
+    yield name
+
+
+def manual_variable_initialization(value):
+    """Kept for API compatibility: numbackend variables always hold their initial value."""
+    global _manual_var_init
+    _manual_var_init = bool(value)
+
+
+_manual_var_init = False
+
+
+# ---------------------------------------------------------------------------
+# Learning phase
+
+_LEARNING_PHASE = Placeholder((), "uint8", name="keras_learning_phase", default=np.uint8(0))
+_LEARNING_PHASE._uses_learning_phase = False
+_fixed_learning_phase = None
+
+
+def learning_phase():
+    """The learning phase: an int tensor fed by Keras (0 = test, 1 = train; 0 when not
+    fed), or the Python int fixed by ``set_learning_phase``."""
+    if _fixed_learning_phase is not None:
+        return _fixed_learning_phase
+    return _LEARNING_PHASE
+
+
+def set_learning_phase(value):
+    """Fix the learning phase to 0 (test) or 1 (train)."""
+    global _fixed_learning_phase
+    if value not in (0, 1):
+        raise ValueError(f"set_learning_phase: expected 0 or 1, got {value!r}")
+    _fixed_learning_phase = int(value)
+
+
+def _int_tuple(shape, where):
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    try:
+        return tuple(int(d) for d in shape)
+    except TypeError:
+        raise TypeError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
+
+
+__all__ = [n for n in dir() if not n.startswith("_")] + ["Tensor"]

@@ -1,0 +1,226 @@
+"""The lazy graph: tensors are nodes that record an op, its inputs and attributes,
+and carry a static shape (None where unknown) and a dtype inferred at construction.
+
+Leaves are placeholders (fed at call time), variables (hold a NumPy value) and
+constants.  Every other node is made by ``ops.apply``, which checks the call
+and infers the shape and dtype on the spot.
+"""
+import itertools
+
+import numpy as np
+
+_ids = itertools.count()
+
+DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64",
+          "uint8", "uint16", "uint32", "uint64", "bool")
+
+
+def canonical_dtype(dtype, where="dtype"):
+    """The dtype as one of the names in DTYPES; raises for anything else."""
+    if dtype is None:
+        raise TypeError(f"{where}: dtype is None")
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        raise TypeError(f"{where}: unknown dtype {dtype!r}") from None
+    if name not in DTYPES:
+        raise TypeError(f"{where}: unsupported dtype {name!r}; expected one of {DTYPES}")
+    return name
+
+
+class Tensor:
+    """A node of the graph.  Keras sets attributes of its own on tensors
+    (``_keras_shape``, ``_uses_learning_phase``...), so this is a plain class."""
+
+    def __init__(self, op, inputs, attrs, shape, dtype, name=None):
+        self.id = next(_ids)
+        self.op = op
+        self.inputs = tuple(inputs)
+        self.attrs = attrs
+        self.shape = tuple(shape)
+        self.dtype = dtype
+        self.name = name if name is not None else f"{op}_{self.id}"
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    def __repr__(self):
+        shape = "(" + ", ".join("?" if d is None else str(d) for d in self.shape) + ")"
+        return f"<{type(self).__name__} {self.name!r} {self.op} shape={shape} dtype={self.dtype}>"
+
+    def __hash__(self):
+        return self.id
+
+    def __bool__(self):
+        raise TypeError("a symbolic tensor has no truth value; use K.switch or compare with K.equal")
+
+    def __len__(self):
+        if not self.shape or self.shape[0] is None:
+            raise TypeError(f"len() of tensor {self.name!r} with shape {self.shape} is unknown")
+        return self.shape[0]
+
+    def __iter__(self):
+        raise TypeError("a symbolic tensor is not iterable; index it or use K.gather")
+
+    # Python operators build graph nodes through the op registry.
+    def __add__(self, other):
+        return _ops().apply("add", self, other)
+
+    def __radd__(self, other):
+        return _ops().apply("add", other, self)
+
+    def __sub__(self, other):
+        return _ops().apply("subtract", self, other)
+
+    def __rsub__(self, other):
+        return _ops().apply("subtract", other, self)
+
+    def __mul__(self, other):
+        return _ops().apply("multiply", self, other)
+
+    def __rmul__(self, other):
+        return _ops().apply("multiply", other, self)
+
+    def __truediv__(self, other):
+        return _ops().apply("divide", self, other)
+
+    def __rtruediv__(self, other):
+        return _ops().apply("divide", other, self)
+
+    def __floordiv__(self, other):
+        return _ops().apply("floor_divide", self, other)
+
+    def __rfloordiv__(self, other):
+        return _ops().apply("floor_divide", other, self)
+
+    def __mod__(self, other):
+        return _ops().apply("mod", self, other)
+
+    def __rmod__(self, other):
+        return _ops().apply("mod", other, self)
+
+    def __pow__(self, other):
+        return _ops().apply("power", self, other)
+
+    def __rpow__(self, other):
+        return _ops().apply("power", other, self)
+
+    def __neg__(self):
+        return _ops().apply("negative", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _ops().apply("abs", self)
+
+    def __lt__(self, other):
+        return _ops().apply("less", self, other)
+
+    def __le__(self, other):
+        return _ops().apply("less_equal", self, other)
+
+    def __gt__(self, other):
+        return _ops().apply("greater", self, other)
+
+    def __ge__(self, other):
+        return _ops().apply("greater_equal", self, other)
+
+    def __and__(self, other):
+        return _ops().apply("logical_and", self, other)
+
+    def __rand__(self, other):
+        return _ops().apply("logical_and", other, self)
+
+    def __or__(self, other):
+        return _ops().apply("logical_or", self, other)
+
+    def __ror__(self, other):
+        return _ops().apply("logical_or", other, self)
+
+    def __invert__(self):
+        return _ops().apply("logical_not", self)
+
+    def __getitem__(self, key):
+        return _ops().getitem(self, key)
+
+    def __array__(self, *args, **kwargs):
+        raise TypeError(f"tensor {self.name!r} is symbolic: use K.eval or K.function to get its value")
+
+    # np.ndarray op tensor should build a node, not loop over the array.
+    __array_priority__ = 1000
+
+
+class Placeholder(Tensor):
+    """An input fed when a compiled function is called."""
+
+    def __init__(self, shape, dtype, name=None, default=None):
+        super().__init__("placeholder", (), {}, shape, dtype, name)
+        self.default = default  # used when the function is called without feeding it
+
+
+class Variable(Tensor):
+    """A tensor holding a mutable NumPy value."""
+
+    def __init__(self, value, dtype, name=None, constraint=None):
+        value = np.array(value, dtype=dtype, copy=True, order="C")
+        super().__init__("variable", (), {}, value.shape, dtype, name)
+        self.value = value
+        self.constraint = constraint
+
+    def assign(self, value, where="set_value"):
+        value = np.asarray(value)
+        if value.shape != self.shape:
+            raise ValueError(f"{where}: variable {self.name!r} has shape {self.shape}, "
+                             f"got a value of shape {value.shape}")
+        self.value = np.array(value, dtype=self.dtype, copy=True, order="C")
+
+
+class Constant(Tensor):
+    """A constant NumPy value baked into the graph."""
+
+    def __init__(self, value, dtype=None, name=None):
+        value = np.array(value, dtype=dtype, order="C")
+        value.flags.writeable = False
+        super().__init__("constant", (), {}, value.shape, canonical_dtype(value.dtype), name)
+        self.value = value
+
+
+def is_tensor(x):
+    return isinstance(x, Tensor)
+
+
+def _ops():
+    # ops imports this module; import it on first use to keep the cycle simple.
+    global _ops_module
+    if _ops_module is None:
+        from . import ops
+        _ops_module = ops
+    return _ops_module
+
+
+_ops_module = None
+
+
+def toposort(outputs):
+    """All nodes the outputs depend on, inputs before their consumers."""
+    order, seen = [], set()
+    stack = [(node, False) for node in reversed(list(outputs))]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if node.id in seen:
+            continue
+        seen.add(node.id)
+        stack.append((node, True))
+        for inp in reversed(node.inputs):
+            if inp.id not in seen:
+                stack.append((inp, False))
+    return order
+
+
+def format_shape(shape):
+    return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"

@@ -1,0 +1,921 @@
+"""The op registry: every op is defined once, here.
+
+An ``Op`` carries
+- ``kind``: 'elementwise' (fused into generated kernels), 'reduce' (fused as a
+  kernel's last stage where the shapes allow), or 'library' (a NumPy/BLAS or
+  jit_kernels call made by one plan step);
+- ``infer(inputs, attrs) -> (shape, dtype)``: the static shape and dtype rule,
+  which raises at construction on bad input;
+- ``impl(*arrays, **attrs)``: the NumPy semantics (the reference for library
+  ops, constant folding and the interpreter fallback);
+- ``template``: for an element-wise op, the scalar expression the code
+  generator inlines (``{0}``, ``{1}`` are operands already cast to the op's
+  compute dtype; ``{T}`` is 'f32'/'f64'; ``{ct}``/``{ot}`` name the compute
+  and output scalar types);
+- ``grad(g, node) -> [gradient per input]``: the reverse-mode rule, built
+  from graph ops (used by autodiff).
+"""
+import numbers
+
+import numpy as np
+
+from . import config
+from .graph import Constant, Tensor, canonical_dtype, format_shape
+
+OPS = {}
+
+
+class Op:
+    def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
+                 reduce_combine=None, compute_dtype=None, stateful=False):
+        self.name = name
+        self.kind = kind
+        self.infer = infer
+        self.impl = impl
+        self.template = template
+        self.grad = grad
+        self.reduce_init = reduce_init
+        self.reduce_combine = reduce_combine
+        self.compute_dtype = compute_dtype
+        self.stateful = stateful  # draws random numbers: never folded or merged
+
+    def __repr__(self):
+        return f"Op({self.name!r}, {self.kind})"
+
+
+def register(op):
+    if op.name in OPS:
+        raise ValueError(f"op {op.name!r} defined twice")
+    OPS[op.name] = op
+    return op
+
+
+# ---------------------------------------------------------------------------
+# Building nodes
+
+
+def as_tensor(x, dtype=None, where="tensor"):
+    """A Tensor for x: tensors pass through, arrays and numbers become constants."""
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (list, tuple)) and any(isinstance(e, Tensor) for e in x):
+        return apply("stack", *[as_tensor(e, dtype, where) for e in x], axis=0)
+    if dtype is None:
+        arr = np.asarray(x)
+        if arr.dtype == np.float64 and not isinstance(x, np.ndarray):
+            dtype = config.floatx()  # Python floats take the default float type
+        elif arr.dtype == np.int64 and not isinstance(x, np.ndarray):
+            dtype = "int32"
+        else:
+            dtype = canonical_dtype(arr.dtype, where)
+    return Constant(x, dtype=dtype)
+
+
+def _is_python_scalar(x):
+    return isinstance(x, (numbers.Number, np.number, np.bool_)) and not isinstance(x, Tensor)
+
+
+def apply(name, *args, **attrs):
+    """Make a node of op ``name`` on ``args`` (tensors, arrays or numbers)."""
+    op = OPS[name]
+    if op.kind == "elementwise":
+        inputs = _elementwise_operands(name, args)
+    else:
+        inputs = [as_tensor(a, where=name) for a in args]
+    shape, dtype = op.infer(inputs, attrs)
+    return Tensor(name, inputs, attrs, shape, dtype)
+
+
+def _elementwise_operands(name, args):
+    """Python scalars adopt the dtype of the tensors beside them (weak typing)."""
+    tensors = [a for a in args if isinstance(a, Tensor)]
+    arrays = [np.asarray(a) for a in args if not isinstance(a, Tensor) and not _is_python_scalar(a)]
+    strong = [t.dtype for t in tensors] + [canonical_dtype(a.dtype, name) for a in arrays]
+    inputs = []
+    for a in args:
+        if isinstance(a, Tensor):
+            inputs.append(a)
+        elif _is_python_scalar(a):
+            inputs.append(as_tensor(a, dtype=_weak_scalar_dtype(a, strong), where=name))
+        else:
+            inputs.append(as_tensor(a, where=name))
+    return inputs
+
+
+def _weak_scalar_dtype(value, strong):
+    if not strong:
+        return None
+    base = np.result_type(*strong).name
+    if isinstance(value, (bool, np.bool_)):
+        return base
+    if isinstance(value, numbers.Integral) or np.asarray(value).dtype.kind in "iu":
+        return base if base != "bool" else "int32"
+    if np.issubdtype(np.dtype(base), np.floating):
+        return base
+    return config.floatx()
+
+
+# ---------------------------------------------------------------------------
+# Shape helpers
+
+
+def broadcast_shapes(where, *shapes):
+    """NumPy broadcasting on static shapes (None = unknown); raises naming ``where``."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(ndim):
+        dims = [s[axis - ndim + len(s)] for s in shapes if axis - ndim + len(s) >= 0]
+        known = {d for d in dims if d is not None and d != 1}
+        if len(known) > 1:
+            raise ValueError(f"{where}: incompatible shapes for broadcasting: "
+                             + ", ".join(format_shape(s) for s in shapes))
+        if known:
+            result.append(known.pop())
+        elif any(d is None for d in dims):
+            result.append(None)
+        else:
+            result.append(1)
+    return tuple(result)
+
+
+def normalize_axes(where, axis, ndim):
+    """A sorted tuple of non-negative axes; None means all axes."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, Tensor):
+        raise TypeError(f"{where}: axis must be a Python int or list of ints, not a tensor")
+    axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+    out = []
+    for a in axes:
+        a = int(a)
+        if not -ndim <= a < max(ndim, 1):
+            raise ValueError(f"{where}: axis {a} is out of range for a tensor of rank {ndim}")
+        out.append(a % ndim if ndim else 0)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{where}: repeated axis in {axis}")
+    return tuple(sorted(out))
+
+
+def normalize_axis(where, axis, ndim):
+    return normalize_axes(where, int(axis), ndim)[0]
+
+
+# ---------------------------------------------------------------------------
+# Element-wise ops
+
+FLOAT_KINDS = "f"
+
+
+def _promote(inputs):
+    return np.result_type(*[np.dtype(t.dtype) for t in inputs]).name
+
+
+def _float_of(dtype):
+    return dtype if np.dtype(dtype).kind == "f" else config.floatx()
+
+
+def elementwise(name, arity, template, impl, out="promote", grad=None):
+    """Define an element-wise op.
+
+    out: 'promote' (NumPy promotion of the operands), 'float' (promotion, then
+    integers and booleans become floatx), 'bool' (comparisons: operands are
+    compared in their promoted type), 'cast' (the dtype attribute).
+    """
+    def infer(inputs, attrs):
+        if len(inputs) != arity:
+            raise TypeError(f"{name}: expected {arity} operand(s), got {len(inputs)}")
+        shape = broadcast_shapes(name, *[t.shape for t in inputs])
+        return shape, output_dtype(inputs, attrs)
+
+    def output_dtype(inputs, attrs):
+        if out == "cast":
+            return attrs["dtype"]
+        promoted = _promote(inputs)
+        if out == "float":
+            return _float_of(promoted)
+        if out == "bool":
+            return "bool"
+        return promoted
+
+    def compute_dtype(inputs, attrs):
+        if out == "cast":
+            return inputs[0].dtype
+        promoted = _promote(inputs)
+        return _float_of(promoted) if out == "float" else promoted
+
+    return register(Op(name, "elementwise", infer, impl, template=template, grad=grad,
+                       compute_dtype=compute_dtype))
+
+
+def _np_sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _np_softplus(x):
+    return np.logaddexp(0, x).astype(x.dtype)
+
+
+def _np_power(x, y):
+    with np.errstate(all="ignore"):
+        return np.power(x, y)
+
+
+def _np_floor_divide(x, y):
+    with np.errstate(all="ignore"):
+        return np.floor_divide(x, y)
+
+
+def _np_mod(x, y):
+    with np.errstate(all="ignore"):
+        return np.mod(x, y)
+
+
+def _np_cast(x, dtype):
+    return x.astype(dtype)
+
+
+# Gradient helpers: imported lazily from the API level would break the layering,
+# so gradient rules are written with apply() directly.
+def _a(name, *args, **attrs):
+    return apply(name, *args, **attrs)
+
+
+def _zero(x):
+    return None  # no gradient flows (comparisons, rounding, casts to integers)
+
+
+elementwise("add", 2, "({0} + {1})", np.add, grad=lambda g, n: [g, g])
+elementwise("subtract", 2, "({0} - {1})", np.subtract, grad=lambda g, n: [g, _a("negative", g)])
+elementwise("multiply", 2, "({0} * {1})", np.multiply,
+            grad=lambda g, n: [_a("multiply", g, n.inputs[1]), _a("multiply", g, n.inputs[0])])
+elementwise("divide", 2, "({0} / {1})", lambda x, y: np.true_divide(x, y), out="float",
+            grad=lambda g, n: [_a("divide", g, n.inputs[1]),
+                               _a("negative", _a("divide", _a("multiply", g, n),
+                                                 n.inputs[1]))])
+elementwise("floor_divide", 2, "({0} // {1})", _np_floor_divide, grad=lambda g, n: [None, None])
+elementwise("mod", 2, "({0} % {1})", _np_mod,
+            grad=lambda g, n: [g, _a("negative", _a("multiply", g,
+                                                    _a("floor_divide", n.inputs[0], n.inputs[1])))])
+elementwise("power", 2, "vm.pow_{T}({0}, {1})", _np_power, out="float",
+            grad=lambda g, n: [
+                _a("multiply", g, _a("multiply", n.inputs[1],
+                                     _a("power", n.inputs[0], _a("subtract", n.inputs[1], 1)))),
+                _a("multiply", g, _a("multiply", n, _a("log", n.inputs[0])))])
+elementwise("maximum", 2, "({0} if ({0} >= {1} or {0} != {0}) else {1})", np.maximum,
+            grad=lambda g, n: [_a("multiply", g, _a("cast", _a("greater_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
+                               _a("multiply", g, _a("cast", _a("less", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+elementwise("minimum", 2, "({0} if ({0} <= {1} or {0} != {0}) else {1})", np.minimum,
+            grad=lambda g, n: [_a("multiply", g, _a("cast", _a("less_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
+                               _a("multiply", g, _a("cast", _a("greater", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+for _name, _sym, _fn in (("equal", "==", np.equal), ("not_equal", "!=", np.not_equal),
+                         ("less", "<", np.less), ("less_equal", "<=", np.less_equal),
+                         ("greater", ">", np.greater), ("greater_equal", ">=", np.greater_equal)):
+    elementwise(_name, 2, "({0} " + _sym + " {1})", _fn, out="bool", grad=lambda g, n: [None, None])
+elementwise("logical_and", 2, "(({0} != 0) and ({1} != 0))", np.logical_and, out="bool",
+            grad=lambda g, n: [None, None])
+elementwise("logical_or", 2, "(({0} != 0) or ({1} != 0))", np.logical_or, out="bool",
+            grad=lambda g, n: [None, None])
+elementwise("logical_not", 1, "({0} == 0)", np.logical_not, out="bool", grad=lambda g, n: [None])
+elementwise("where", 3, "({1} if {0} else {2})", np.where,
+            out="promote",
+            grad=lambda g, n: [None,
+                               _a("where", n.inputs[0], g, _a("multiply", g, 0)),
+                               _a("where", n.inputs[0], _a("multiply", g, 0), g)])
+elementwise("negative", 1, "(-{0})", np.negative, grad=lambda g, n: [_a("negative", g)])
+elementwise("abs", 1, "abs({0})", np.abs,
+            grad=lambda g, n: [_a("multiply", g, _a("sign", n.inputs[0]))])
+elementwise("sign", 1, "(({ct}(1) if {0} > 0 else ({ct}(-1) if {0} < 0 else {0})))", np.sign,
+            grad=lambda g, n: [None])
+elementwise("square", 1, "({0} * {0})", np.square,
+            grad=lambda g, n: [_a("multiply", g, _a("multiply", n.inputs[0], 2))])
+elementwise("sqrt", 1, "np.sqrt({0})", np.sqrt, out="float",
+            grad=lambda g, n: [_a("divide", g, _a("multiply", n, 2))])
+elementwise("exp", 1, "vm.exp_{T}({0})", np.exp, out="float",
+            grad=lambda g, n: [_a("multiply", g, n)])
+elementwise("expm1", 1, "vm.expm1_{T}({0})", np.expm1, out="float",
+            grad=lambda g, n: [_a("multiply", g, _a("add", n, 1))])
+elementwise("log", 1, "vm.log_{T}({0})", np.log, out="float",
+            grad=lambda g, n: [_a("divide", g, n.inputs[0])])
+elementwise("log1p", 1, "vm.log1p_{T}({0})", np.log1p, out="float",
+            grad=lambda g, n: [_a("divide", g, _a("add", n.inputs[0], 1))])
+elementwise("tanh", 1, "vm.tanh_{T}({0})", np.tanh, out="float",
+            grad=lambda g, n: [_a("multiply", g, _a("subtract", 1, _a("square", n)))])
+elementwise("sigmoid", 1, "vm.sigmoid_{T}({0})", _np_sigmoid, out="float",
+            grad=lambda g, n: [_a("multiply", g, _a("multiply", n, _a("subtract", 1, n)))])
+elementwise("softplus", 1, "vm.softplus_{T}({0})", _np_softplus, out="float",
+            grad=lambda g, n: [_a("multiply", g, _a("sigmoid", n.inputs[0]))])
+elementwise("sin", 1, "vm.sin_{T}({0})", np.sin, out="float",
+            grad=lambda g, n: [_a("multiply", g, _a("cos", n.inputs[0]))])
+elementwise("cos", 1, "vm.cos_{T}({0})", np.cos, out="float",
+            grad=lambda g, n: [_a("negative", _a("multiply", g, _a("sin", n.inputs[0])))])
+elementwise("round", 1, "vm.rint_{T}({0})", np.round, out="float", grad=lambda g, n: [None])
+elementwise("floor", 1, "np.floor({0})", np.floor, out="float", grad=lambda g, n: [None])
+elementwise("cast", 1, "{ot}({0})", _np_cast, out="cast",
+            grad=lambda g, n: [_a("cast", g, dtype=n.inputs[0].dtype)
+                               if np.dtype(n.inputs[0].dtype).kind == "f"
+                               and np.dtype(n.dtype).kind == "f" else None])
+
+
+# ---------------------------------------------------------------------------
+# Reductions
+
+
+def _reduce_infer(name, out_dtype=None):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        axes = normalize_axes(name, attrs.get("axis"), x.ndim)
+        attrs["axis"] = axes
+        keepdims = bool(attrs.get("keepdims", False))
+        attrs["keepdims"] = keepdims
+        shape = tuple((1 if keepdims else None) if i in axes else d for i, d in enumerate(x.shape))
+        if not keepdims:
+            shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        dtype = out_dtype(x.dtype) if out_dtype else x.dtype
+        return shape, dtype
+    return infer
+
+
+def reduction(name, impl, init, combine, out_dtype=None, grad=None):
+    """A reduction over ``axis`` (tuple) with ``keepdims``; init/combine are the
+    accumulator's scalar code for the fused kernel (``acc``, ``x``)."""
+    def run(x, axis, keepdims):
+        return np.asarray(impl(x, axis=axis, keepdims=keepdims))
+    return register(Op(name, "reduce", _reduce_infer(name, out_dtype), run, grad=grad,
+                       reduce_init=init, reduce_combine=combine))
+
+
+def _sum_dtype(dtype):
+    return "int64" if np.dtype(dtype).kind in "biu" and dtype != "uint64" else dtype
+
+
+def _keep(g, n):
+    """Reshape a reduction's gradient so that it broadcasts against the input."""
+    if n.attrs["keepdims"]:
+        return g
+    shape = list(n.inputs[0].shape)
+    for a in n.attrs["axis"]:
+        shape[a] = 1
+    return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+
+
+def _grad_sum(g, n):
+    x = n.inputs[0]
+    return [apply("broadcast_like", _a("cast", _keep(g, n), dtype=x.dtype), x)]
+
+
+def _grad_mean(g, n):
+    x = n.inputs[0]
+    count = apply("axes_size", x, axis=n.attrs["axis"], dtype=x.dtype)
+    return [apply("broadcast_like", _a("divide", _keep(g, n), count), x)]
+
+
+def _grad_extreme(g, n):
+    x = n.inputs[0]
+    red = n if n.attrs["keepdims"] else _keep(n, n)
+    hit = _a("cast", _a("equal", x, red), dtype=x.dtype)
+    count = apply("sum", hit, axis=n.attrs["axis"], keepdims=True)
+    return [_a("multiply", _a("divide", hit, count), _keep(g, n))]
+
+
+def _grad_prod(g, n):
+    x = n.inputs[0]
+    red = n if n.attrs["keepdims"] else _keep(n, n)
+    return [_a("multiply", _keep(g, n), _a("divide", red, x))]
+
+
+reduction("sum", np.sum, "0", "acc + x", grad=_grad_sum,
+          out_dtype=_sum_dtype)
+reduction("prod", np.prod, "1", "acc * x", grad=_grad_prod, out_dtype=_sum_dtype)
+reduction("max", np.max, "-np.inf", "x if (x > acc or x != x) else acc", grad=_grad_extreme)
+reduction("min", np.min, "np.inf", "x if (x < acc or x != x) else acc", grad=_grad_extreme)
+reduction("mean", np.mean, "0", "acc + x", grad=_grad_mean,
+          out_dtype=_float_of)
+reduction("any", np.any, "False", "acc or (x != 0)", out_dtype=lambda d: "bool",
+          grad=lambda g, n: [None])
+reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
+          grad=lambda g, n: [None])
+
+
+# ---------------------------------------------------------------------------
+# Library ops: one plan step each, NumPy/BLAS or jit_kernels
+
+
+def library(name, infer, impl, grad=None, stateful=False):
+    return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful))
+
+
+def _shape_of(where, shape):
+    out = []
+    for d in shape:
+        if d is None or (isinstance(d, (int, np.integer)) and d >= 0):
+            out.append(None if d is None else int(d))
+        else:
+            raise ValueError(f"{where}: bad dimension {d!r} in shape {shape}")
+    return tuple(out)
+
+
+def _dot_infer(inputs, attrs):
+    x, y = inputs
+    if x.ndim == 0 or y.ndim == 0:
+        raise ValueError(f"dot: operands must have rank >= 1, got shapes {format_shape(x.shape)} "
+                         f"and {format_shape(y.shape)}")
+    k_x = x.shape[-1]
+    k_y = y.shape[-2] if y.ndim >= 2 else y.shape[0]
+    if k_x is not None and k_y is not None and k_x != k_y:
+        raise ValueError(f"dot: cannot contract shapes {format_shape(x.shape)} and "
+                         f"{format_shape(y.shape)} ({k_x} != {k_y})")
+    shape = x.shape[:-1] + (y.shape[:-2] + y.shape[-1:] if y.ndim >= 2 else ())
+    return shape, _promote(inputs)
+
+
+def _dot_grad(g, n):
+    x, y = n.inputs
+    if x.ndim == 2 and y.ndim == 2:
+        return [apply("dot", g, apply("transpose", y, axes=(1, 0))),
+                apply("dot", apply("transpose", x, axes=(1, 0)), g)]
+    if y.ndim == 2:  # (..., k) . (k, n): flatten the leading axes of x
+        x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
+        g2 = apply("reshape", g, shape=(-1, y.shape[-1] if y.shape[-1] is not None else -1))
+        gx = apply("dot", g, apply("transpose", y, axes=(1, 0)))
+        gy = apply("dot", apply("transpose", x2, axes=(1, 0)), g2)
+        return [gx, gy]
+    raise NotImplementedError("gradients: dot of rank-3+ right operand has no gradient yet; "
+                              "use batch_dot")
+
+
+library("dot", _dot_infer, lambda x, y: np.dot(x, y), grad=_dot_grad)
+
+
+def _matmul_infer(inputs, attrs):
+    x, y = inputs
+    if x.ndim < 2 or y.ndim < 2:
+        raise ValueError(f"matmul: operands must have rank >= 2, got {format_shape(x.shape)} "
+                         f"and {format_shape(y.shape)}")
+    if x.shape[-1] is not None and y.shape[-2] is not None and x.shape[-1] != y.shape[-2]:
+        raise ValueError(f"matmul: cannot contract shapes {format_shape(x.shape)} and "
+                         f"{format_shape(y.shape)}")
+    batch = broadcast_shapes("matmul", x.shape[:-2], y.shape[:-2])
+    return batch + (x.shape[-2], y.shape[-1]), _promote(inputs)
+
+
+def _swap_last(t):
+    axes = tuple(range(t.ndim - 2)) + (t.ndim - 1, t.ndim - 2)
+    return apply("transpose", t, axes=axes)
+
+
+library("matmul", _matmul_infer, np.matmul,
+        grad=lambda g, n: [apply("sum_to", apply("matmul", g, _swap_last(n.inputs[1])), n.inputs[0]),
+                           apply("sum_to", apply("matmul", _swap_last(n.inputs[0]), g), n.inputs[1])])
+
+
+def _transpose_infer(inputs, attrs):
+    (x,) = inputs
+    axes = tuple(int(a) for a in attrs["axes"])
+    if sorted(a % max(x.ndim, 1) for a in axes) != list(range(x.ndim)) or len(axes) != x.ndim:
+        raise ValueError(f"permute_dimensions: pattern {axes} is not a permutation of the axes "
+                         f"of a tensor of shape {format_shape(x.shape)}")
+    axes = tuple(a % x.ndim for a in axes)
+    attrs["axes"] = axes
+    return tuple(x.shape[a] for a in axes), x.dtype
+
+
+library("transpose", _transpose_infer, lambda x, axes: np.ascontiguousarray(np.transpose(x, axes)),
+        grad=lambda g, n: [apply("transpose", g, axes=tuple(np.argsort(n.attrs["axes"])))])
+
+
+def _reshape_infer(inputs, attrs):
+    (x,) = inputs
+    shape = tuple(int(d) for d in attrs["shape"])
+    if sum(1 for d in shape if d == -1) > 1 or any(d < -1 for d in shape):
+        raise ValueError(f"reshape: bad target shape {shape} (at most one -1, no other negatives)")
+    known = [d for d in x.shape]
+    total = None if any(d is None for d in known) else int(np.prod(known, dtype=np.int64))
+    target = int(np.prod([d for d in shape if d != -1], dtype=np.int64))
+    if -1 in shape:
+        if total is not None and (target == 0 or total % target):
+            raise ValueError(f"reshape: cannot reshape {format_shape(x.shape)} into {shape}")
+        fill = total // target if total is not None and target else None
+        out = tuple(fill if d == -1 else d for d in shape)
+    else:
+        if total is not None and total != target:
+            raise ValueError(f"reshape: cannot reshape {format_shape(x.shape)} "
+                             f"({total} elements) into {shape} ({target} elements)")
+        out = shape
+    attrs["shape"] = shape
+    return out, x.dtype
+
+
+library("reshape", _reshape_infer, lambda x, shape: x.reshape(shape),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
+library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
+        lambda x, like: x.reshape(like.shape),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
+
+
+def _broadcast_like_infer(inputs, attrs):
+    x, like = inputs
+    return broadcast_shapes("broadcast", x.shape, like.shape), x.dtype
+
+
+library("broadcast_like", _broadcast_like_infer,
+        lambda x, like: np.ascontiguousarray(np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape))),
+        grad=lambda g, n: [apply("sum_to", g, n.inputs[0]), None])
+
+
+def sum_to_shape(g, shape):
+    """Sum a broadcast gradient back to ``shape`` (NumPy broadcasting undone)."""
+    lead = g.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape)
+                                      if d == 1 and g.shape[lead + i] != 1)
+    if axes:
+        g = g.sum(axis=axes, keepdims=True)
+    return g.reshape(shape)
+
+
+library("sum_to", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
+        lambda g, like: sum_to_shape(g, like.shape),
+        grad=lambda g, n: [apply("broadcast_like", g, n.inputs[0]), None])
+
+
+def _axes_size_infer(inputs, attrs):
+    return (), attrs["dtype"]
+
+
+library("axes_size", _axes_size_infer,
+        lambda x, axis, dtype: np.asarray(int(np.prod([x.shape[a] for a in axis])), dtype=dtype))
+
+
+def _concat_infer(inputs, attrs):
+    if not inputs:
+        raise ValueError("concatenate: no tensors given")
+    ndim = inputs[0].ndim
+    if any(t.ndim != ndim for t in inputs):
+        raise ValueError("concatenate: tensors of different ranks: "
+                         + ", ".join(format_shape(t.shape) for t in inputs))
+    if ndim == 0:
+        raise ValueError("concatenate: cannot concatenate scalars")
+    axis = normalize_axis("concatenate", attrs.get("axis", -1), ndim)
+    attrs["axis"] = axis
+    shape = []
+    for i in range(ndim):
+        dims = [t.shape[i] for t in inputs]
+        if i == axis:
+            shape.append(None if None in dims else sum(dims))
+        else:
+            known = {d for d in dims if d is not None}
+            if len(known) > 1:
+                raise ValueError(f"concatenate: shapes differ outside axis {axis}: "
+                                 + ", ".join(format_shape(t.shape) for t in inputs))
+            shape.append(known.pop() if known else None)
+    return tuple(shape), _promote(inputs)
+
+
+def _concat_grad(g, n):
+    axis = n.attrs["axis"]
+    grads, start = [], 0
+    for t in n.inputs:
+        grads.append(apply("slice_axis_like", g, t, axis=axis, start=start))
+        size = t.shape[axis]
+        if size is None:
+            grads = [apply("split_part", g, *n.inputs, axis=axis, index=i) for i in range(len(n.inputs))]
+            return grads
+        start += size
+    return grads
+
+
+library("concatenate", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
+        grad=_concat_grad)
+library("slice_axis_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
+        lambda g, like, axis, start: np.ascontiguousarray(
+            np.take(g, np.arange(start, start + like.shape[axis]), axis=axis)))
+
+
+def _split_part(g, *parts, axis, index):
+    start = sum(p.shape[axis] for p in parts[:index])
+    return np.ascontiguousarray(np.take(g, np.arange(start, start + parts[index].shape[axis]), axis=axis))
+
+
+library("split_part", lambda inputs, attrs: (inputs[1 + attrs["index"]].shape, inputs[0].dtype),
+        _split_part)
+
+
+def _stack_infer(inputs, attrs):
+    if not inputs:
+        raise ValueError("stack: no tensors given")
+    shape = broadcast_shapes("stack", *[t.shape for t in inputs])
+    if any(t.ndim != len(shape) for t in inputs):
+        raise ValueError("stack: tensors of different ranks: "
+                         + ", ".join(format_shape(t.shape) for t in inputs))
+    axis = normalize_axis("stack", attrs.get("axis", 0), len(shape) + 1)
+    attrs["axis"] = axis
+    return shape[:axis] + (len(inputs),) + shape[axis:], _promote(inputs)
+
+
+library("stack", _stack_infer, lambda *xs, axis: np.stack(xs, axis=axis),
+        grad=lambda g, n: [apply("take_index", g, axis=n.attrs["axis"], index=i)
+                           for i in range(len(n.inputs))])
+library("take_index",
+        lambda inputs, attrs: (inputs[0].shape[:attrs["axis"]] + inputs[0].shape[attrs["axis"] + 1:],
+                               inputs[0].dtype),
+        lambda x, axis, index: np.ascontiguousarray(np.take(x, index, axis=axis)))
+
+
+def _getitem_infer(inputs, attrs):
+    (x,) = inputs
+    key = attrs["key"]
+    shape, axis = [], 0
+    n_real = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if n_real > x.ndim:
+        raise IndexError(f"getitem: too many indices ({n_real}) for a tensor of shape "
+                         f"{format_shape(x.shape)}")
+    for k in key:
+        if k is None:
+            shape.append(1)
+        elif k is Ellipsis:
+            take = x.ndim - n_real
+            shape.extend(x.shape[axis:axis + take])
+            axis += take
+        elif isinstance(k, slice):
+            d = x.shape[axis]
+            shape.append(None if d is None else len(range(*k.indices(d))))
+            axis += 1
+        else:
+            d = x.shape[axis]
+            if d is not None and not -d <= k < d:
+                raise IndexError(f"getitem: index {k} is out of range for axis {axis} of size {d}")
+            axis += 1
+    shape.extend(x.shape[axis:])
+    return tuple(shape), x.dtype
+
+
+def _getitem_grad(g, n):
+    return [apply("scatter_like", g, n.inputs[0], key=n.attrs["key"])]
+
+
+def _scatter_like(g, like, key):
+    out = np.zeros(like.shape, dtype=g.dtype)
+    out[key] = g
+    return out
+
+
+library("getitem", _getitem_infer, lambda x, key: np.ascontiguousarray(x[key]), grad=_getitem_grad)
+library("scatter_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_like,
+        grad=lambda g, n: [apply("getitem", g, key=n.attrs["key"]), None])
+
+
+def getitem(x, key):
+    """x[key] for ints, slices, None, Ellipsis; a tensor or int array index gathers on axis 0."""
+    if not isinstance(key, tuple):
+        key = (key,)
+    if any(isinstance(k, (Tensor, list, np.ndarray)) for k in key):
+        if len(key) == 1:
+            return apply("gather", x, key[0])
+        raise IndexError("getitem: a tensor index is only supported alone, on the first axis")
+    clean = []
+    for k in key:
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            clean.append(int(k))
+        elif isinstance(k, slice):
+            for part in (k.start, k.stop, k.step):
+                if part is not None and not isinstance(part, (int, np.integer)):
+                    raise TypeError(f"getitem: slice bounds must be ints, got {k}")
+            if k.step == 0:
+                raise ValueError("getitem: slice step cannot be zero")
+            clean.append(slice(k.start, k.stop, k.step))
+        elif k is None or k is Ellipsis:
+            clean.append(k)
+        else:
+            raise TypeError(f"getitem: unsupported index {k!r}")
+    if sum(1 for k in clean if k is Ellipsis) > 1:
+        raise IndexError("getitem: at most one Ellipsis")
+    return apply("getitem", x, key=tuple(clean))
+
+
+def _gather_infer(inputs, attrs):
+    ref, idx = inputs
+    if ref.ndim == 0:
+        raise ValueError("gather: reference must have rank >= 1")
+    if np.dtype(idx.dtype).kind not in "iu":
+        raise TypeError(f"gather: indices must be integers, got dtype {idx.dtype}")
+    return idx.shape + ref.shape[1:], ref.dtype
+
+
+def _gather(ref, idx):
+    if idx.size and (idx.min() < -ref.shape[0] or idx.max() >= ref.shape[0]):
+        raise IndexError(f"gather: index out of range for reference of shape {ref.shape}")
+    return np.take(ref, idx, axis=0)
+
+
+def _scatter_add(g, ref, idx):
+    out = np.zeros(ref.shape, dtype=g.dtype)
+    np.add.at(out, idx.reshape(-1), g.reshape((-1,) + ref.shape[1:]))
+    return out
+
+
+library("gather", _gather_infer, _gather,
+        grad=lambda g, n: [apply("scatter_add", g, n.inputs[0], n.inputs[1]), None])
+library("scatter_add", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_add)
+
+
+def _arg_infer(name):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        axis = normalize_axis(name, attrs.get("axis", -1), x.ndim)
+        attrs["axis"] = axis
+        return x.shape[:axis] + x.shape[axis + 1:], "int64"
+    return infer
+
+
+library("argmax", _arg_infer("argmax"), lambda x, axis: np.argmax(x, axis=axis))
+library("argmin", _arg_infer("argmin"), lambda x, axis: np.argmin(x, axis=axis))
+
+
+def _cum_infer(name):
+    def infer(inputs, attrs):
+        (x,) = inputs
+        attrs["axis"] = normalize_axis(name, attrs.get("axis", 0), x.ndim)
+        return x.shape, _sum_dtype(x.dtype)
+    return infer
+
+
+def _cumsum_grad(g, n):
+    axis = n.attrs["axis"]
+    rev = apply("reverse", g, axes=(axis,))
+    return [apply("reverse", apply("cumsum", rev, axis=axis), axes=(axis,))]
+
+
+library("cumsum", _cum_infer("cumsum"), lambda x, axis: np.cumsum(x, axis=axis), grad=_cumsum_grad)
+library("cumprod", _cum_infer("cumprod"), lambda x, axis: np.cumprod(x, axis=axis))
+
+
+def _reverse_infer(inputs, attrs):
+    (x,) = inputs
+    attrs["axes"] = normalize_axes("reverse", attrs["axes"], x.ndim)
+    return x.shape, x.dtype
+
+
+library("reverse", _reverse_infer, lambda x, axes: np.ascontiguousarray(np.flip(x, axes)),
+        grad=lambda g, n: [apply("reverse", g, axes=n.attrs["axes"])])
+
+
+def _tile_infer(inputs, attrs):
+    (x,) = inputs
+    reps = tuple(int(r) for r in attrs["reps"])
+    if len(reps) != x.ndim or any(r < 0 for r in reps):
+        raise ValueError(f"tile: need one non-negative repeat count per axis of "
+                         f"{format_shape(x.shape)}, got {reps}")
+    attrs["reps"] = reps
+    return tuple(None if d is None else d * r for d, r in zip(x.shape, reps)), x.dtype
+
+
+def _tile_grad(g, n):
+    x = n.inputs[0]
+    return [apply("untile", g, x, reps=n.attrs["reps"])]
+
+
+def _untile(g, x, reps):
+    shape = []
+    for r, d in zip(reps, x.shape):
+        shape += [r, d]
+    return g.reshape(shape).sum(axis=tuple(range(0, 2 * len(reps), 2)))
+
+
+library("tile", _tile_infer, lambda x, reps: np.tile(x, reps), grad=_tile_grad)
+library("untile", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _untile)
+
+
+def _repeat_infer(inputs, attrs):
+    (x,) = inputs
+    axis = normalize_axis("repeat_elements", attrs["axis"], x.ndim)
+    attrs["axis"] = axis
+    rep = int(attrs["repeats"])
+    if rep < 0:
+        raise ValueError(f"repeat_elements: rep must be >= 0, got {rep}")
+    d = x.shape[axis]
+    return x.shape[:axis] + (None if d is None else d * rep,) + x.shape[axis + 1:], x.dtype
+
+
+def _repeat_grad(g, n):
+    axis, rep = n.attrs["axis"], n.attrs["repeats"]
+    return [apply("unrepeat", g, axis=axis, repeats=rep)]
+
+
+def _unrepeat(g, axis, repeats):
+    shape = g.shape[:axis] + (g.shape[axis] // repeats, repeats) + g.shape[axis + 1:]
+    return g.reshape(shape).sum(axis=axis + 1)
+
+
+def _unrepeat_infer(inputs, attrs):
+    (g,) = inputs
+    axis = attrs["axis"]
+    d = g.shape[axis]
+    return g.shape[:axis] + (None if d is None else d // attrs["repeats"],) + g.shape[axis + 1:], g.dtype
+
+
+library("repeat_elements", _repeat_infer, lambda x, axis, repeats: np.repeat(x, repeats, axis=axis),
+        grad=_repeat_grad)
+library("unrepeat", _unrepeat_infer, _unrepeat)
+
+
+def _pad_infer(inputs, attrs):
+    (x,) = inputs
+    pads = tuple((int(a), int(b)) for a, b in attrs["pads"])
+    if len(pads) != x.ndim or any(a < 0 or b < 0 for a, b in pads):
+        raise ValueError(f"pad: need a non-negative (before, after) pair per axis of "
+                         f"{format_shape(x.shape)}, got {pads}")
+    attrs["pads"] = pads
+    return tuple(None if d is None else d + a + b for d, (a, b) in zip(x.shape, pads)), x.dtype
+
+
+def _unpad(g, pads):
+    return np.ascontiguousarray(g[tuple(slice(a, g.shape[i] - b) for i, (a, b) in enumerate(pads))])
+
+
+library("pad", _pad_infer, lambda x, pads: np.pad(x, pads),
+        grad=lambda g, n: [apply("unpad", g, pads=n.attrs["pads"])])
+library("unpad", lambda inputs, attrs: (
+    tuple(None if d is None else d - a - b for d, (a, b) in zip(inputs[0].shape, attrs["pads"])),
+    inputs[0].dtype), _unpad)
+
+
+def _shape_infer(inputs, attrs):
+    return (inputs[0].ndim,), "int32"
+
+
+library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
+
+
+def _reshape_dynamic_infer(inputs, attrs):
+    x, shape = inputs
+    if shape.ndim != 1 or shape.shape[0] is None:
+        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length")
+    return (None,) * shape.shape[0], x.dtype
+
+
+library("reshape_dynamic", _reshape_dynamic_infer,
+        lambda x, shape: x.reshape(tuple(int(d) for d in shape)),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
+
+
+def _arange_infer(inputs, attrs):
+    return (len(range(*attrs["range"])),) if all(isinstance(v, int) for v in attrs["range"]) else (None,), attrs["dtype"]
+
+
+def _random_infer(inputs, attrs):
+    return tuple(attrs["shape"]), attrs["dtype"]
+
+
+def _random(kind):
+    def draw(rng, shape, dtype, **params):
+        if kind == "normal":
+            out = rng.standard_normal(shape) * params["stddev"] + params["mean"]
+        elif kind == "truncated_normal":
+            out = rng.standard_normal(shape)
+            bad = np.abs(out) > 2
+            while bad.any():  # redraw beyond two standard deviations, as TensorFlow does
+                out[bad] = rng.standard_normal(int(bad.sum()))
+                bad = np.abs(out) > 2
+            out = out * params["stddev"] + params["mean"]
+        elif kind == "uniform":
+            out = rng.uniform(params["minval"], params["maxval"], shape)
+        elif kind == "binomial":
+            out = (rng.uniform(0.0, 1.0, shape) < params["p"])
+        else:
+            raise AssertionError(kind)
+        return np.asarray(out, dtype=dtype)
+    return draw
+
+
+for _kind in ("normal", "truncated_normal", "uniform", "binomial"):
+    library("random_" + _kind, _random_infer, _random(_kind), stateful=True)
+
+
+def _print_impl(x, message):
+    print(message, x)
+    return x
+
+
+library("print_tensor", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype), _print_impl,
+        grad=lambda g, n: [g])
+library("identity", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+        lambda x: np.array(x), grad=lambda g, n: [g])
+library("stop_gradient", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+        lambda x: x, grad=lambda g, n: [None])
+
+
+def _in_top_k_infer(inputs, attrs):
+    pred, targets = inputs
+    if pred.ndim != 2 or targets.ndim != 1:
+        raise ValueError(f"in_top_k: predictions must be (batch, classes) and targets (batch,), got "
+                         f"{format_shape(pred.shape)} and {format_shape(targets.shape)}")
+    return (pred.shape[0],), "bool"
+
+
+def _in_top_k(pred, targets, k):
+    # TensorFlow counts a target as in the top k when fewer than k classes score strictly higher
+    target_scores = pred[np.arange(pred.shape[0]), targets]
+    higher = (pred > target_scores[:, None]).sum(axis=1)
+    return (higher < k) & np.isfinite(target_scores)
+
+
+library("in_top_k", _in_top_k_infer, _in_top_k)

@@ -1,0 +1,275 @@
+"""Compatibility fixes that let Keras 2.2.5 run on Python >= 3.10, NumPy 2 and h5py 3.
+
+Keras imports its backend module from ``keras/backend/load_backend.py`` while
+``import keras`` is still in progress: ``keras.utils.np_utils``, ``generic_utils``,
+``data_utils`` and ``io_utils`` are loaded by then; ``keras.callbacks``,
+``keras.engine.*``, ``keras.layers`` and ``keras_preprocessing`` are not. ``apply()``
+runs during ``import numbackend`` (whichever of numbackend and keras is imported
+first), so every fix below is in place before the code that needs it runs.
+This module never imports keras, numpy's submodules or h5py itself.
+
+Fixes, each installed only where the name or behaviour is missing:
+
+Names restored on the shared module. Keras looks them up through the
+``collections``, ``inspect`` and ``numpy`` module objects, in modules that are
+not imported yet when the backend loads, so there is no Keras-local name to
+patch instead. Each is the same object the old name stood for.
+
+``collections.Iterable`` = ``collections.abc.Iterable`` (removed in Python 3.10)
+    ``keras/callbacks.py`` does ``from collections import Iterable`` at import
+    time: without it ``import keras`` fails.
+``collections.Container`` = ``collections.abc.Container`` (removed in Python 3.10)
+    ``keras/engine/training_utils.py:should_run_validation``: ``fit(...,
+    validation_freq=<list>)``.
+``inspect.ArgSpec`` (removed in Python 3.11)
+    ``keras/utils/generic_utils.py:getargspec`` builds one; it is called by
+    ``keras.preprocessing.image`` (``array_to_img``, ``img_to_array``,
+    ``ImageDataGenerator.flow``/``flow_from_directory``/...).
+``inspect.getargspec`` (removed in Python 3.11)
+    Keras 2.2.5 itself calls it only under Python 2; restored with its old
+    semantics (``ArgSpec`` result, ``ValueError`` for keyword-only parameters or
+    annotations) for code written against Keras 2.2 (custom layers,
+    keras-contrib) that calls it.
+``numpy.Inf`` = ``numpy.inf`` (removed in NumPy 2.0)
+    ``keras/callbacks.py``: ``ModelCheckpoint()``, ``ReduceLROnPlateau()`` and
+    ``EarlyStopping.on_train_begin``.
+``numpy.unicode_`` = ``numpy.str_`` (removed in NumPy 2.0)
+    ``keras_preprocessing/sequence.py:pad_sequences`` with any non-string dtype
+    (the default ``'int32'`` included), i.e. ``keras.preprocessing.sequence.pad_sequences``.
+
+Behaviour patched inside Keras's own modules (as soon as they are imported):
+
+h5py 3 returns variable-length string attributes as ``str``; Keras 2.2.5 writes
+its string attributes as ``bytes`` (stored variable-length by h5py 3) and calls
+``.decode('utf8')`` on what it reads back, so a model saved in this environment
+cannot be loaded (``AttributeError: 'str' object has no attribute 'decode'``).
+``keras.utils.io_utils.H5Dict.__getitem__``
+    attributes read from an HDF5 file come back as ``bytes`` (and lists of
+    ``bytes``) whichever way they were stored. This replaces the branch that
+    compares with ``numpy.string_`` (removed in NumPy 2.0), so that name need
+    not be restored: ``load_model``.
+``keras.engine.saving.load_attributes_from_hdf5_group``,
+``load_weights_from_hdf5_group``, ``load_weights_from_hdf5_group_by_name``
+    accept ``str`` as well as ``bytes`` attributes: ``Model.load_weights``
+    (also ``by_name=True``) and the ``keras.applications`` weight files.
+
+Not fixed here (not on a normal path): ``keras/backend/numpy_backend.py`` uses
+``np.int``, but it is Keras's test reference, never loaded as a backend.
+"""
+
+import collections
+import collections.abc
+import importlib.machinery
+import inspect
+import sys
+
+import numpy as np
+
+__all__ = ['applied', 'apply']
+
+_APPLIED = []  # names of the fixes installed in this process, in order
+
+ArgSpec = collections.namedtuple('ArgSpec', 'args varargs keywords defaults')
+ArgSpec.__module__ = 'inspect'
+
+
+def getargspec(func):
+    """``inspect.getargspec`` as in Python 3.10: ``ArgSpec(args, varargs, keywords, defaults)``."""
+    (args, varargs, varkw, defaults,
+     kwonlyargs, _kwonlydefaults, annotations) = inspect.getfullargspec(func)
+    if kwonlyargs or annotations:
+        raise ValueError('Function has keyword-only parameters or annotations, '
+                         'use inspect.signature() API which can support them')
+    return ArgSpec(args, varargs, varkw, defaults)
+
+
+def _restore(module, name, value):
+    if not hasattr(module, name):
+        setattr(module, name, value)
+        _APPLIED.append(f'{module.__name__}.{name}')
+
+
+# ----------------------------------------------------------------- h5py 3 strings
+
+def _text(x):
+    return x.decode('utf8') if isinstance(x, bytes) else x
+
+
+def _as_bytes(value):
+    """An HDF5 attribute as Keras 2.2.5 expects it: ``bytes`` for strings."""
+    if isinstance(value, str):
+        return value.encode('utf8')
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.kind == 'S':
+            return value.tolist()
+        if value.dtype.kind in 'OU':
+            return [v.encode('utf8') if isinstance(v, str) else v
+                    for v in value.tolist()]
+    return value
+
+
+class _BytesAttrs:
+    """Read-only view of an h5py ``AttributeManager`` that gives strings as bytes."""
+
+    def __init__(self, attrs):
+        self._attrs = attrs
+
+    def __contains__(self, name):
+        return name in self._attrs
+
+    def __getitem__(self, name):
+        return _as_bytes(self._attrs[name])
+
+
+class _BytesAttrsGroup:
+    """An h5py group whose ``attrs`` give strings as bytes; all else is the group's."""
+
+    def __init__(self, group):
+        self._group = group
+        self.attrs = _BytesAttrs(group.attrs)
+
+    def __getitem__(self, name):
+        return self._group[name]
+
+    def __contains__(self, name):
+        return name in self._group
+
+    def __iter__(self):
+        return iter(self._group)
+
+    def __len__(self):
+        return len(self._group)
+
+    def __getattr__(self, name):
+        return getattr(self._group, name)
+
+
+def _patch_io_utils(module):
+    h5dict = module.H5Dict
+    if getattr(h5dict.__getitem__, '_numbackend_compat', False):
+        return
+    original = h5dict.__getitem__
+
+    def __getitem__(self, attr):
+        data = self.data
+        if not isinstance(data, dict) and attr in data.attrs:
+            return _as_bytes(data.attrs[attr])
+        return original(self, attr)
+
+    __getitem__._numbackend_compat = True
+    __getitem__.__doc__ = original.__doc__
+    h5dict.__getitem__ = __getitem__
+    _APPLIED.append('keras.utils.io_utils.H5Dict.__getitem__')
+
+
+def _patch_saving(module):
+    if getattr(module.load_attributes_from_hdf5_group, '_numbackend_compat', False):
+        return
+
+    def load_attributes_from_hdf5_group(group, name):
+        attrs = group.attrs
+        if name in attrs:
+            return [_text(n) for n in attrs[name]]
+        data = []
+        chunk_id = 0
+        while f'{name}{chunk_id}' in attrs:
+            data.extend(_text(n) for n in attrs[f'{name}{chunk_id}'])
+            chunk_id += 1
+        return data
+
+    def wrap(original):
+        def load(f, *args, **kwargs):
+            if not isinstance(f, _BytesAttrsGroup):
+                f = _BytesAttrsGroup(f)
+            return original(f, *args, **kwargs)
+        load.__name__ = original.__name__
+        load.__doc__ = original.__doc__
+        load._numbackend_compat = True
+        return load
+
+    load_attributes_from_hdf5_group._numbackend_compat = True
+    load_attributes_from_hdf5_group.__doc__ = module.load_attributes_from_hdf5_group.__doc__
+    module.load_attributes_from_hdf5_group = load_attributes_from_hdf5_group
+    module.load_weights_from_hdf5_group = wrap(module.load_weights_from_hdf5_group)
+    module.load_weights_from_hdf5_group_by_name = wrap(
+        module.load_weights_from_hdf5_group_by_name)
+    _APPLIED.append('keras.engine.saving (h5py 3 string attributes)')
+
+
+_MODULE_PATCHES = {
+    'keras.utils.io_utils': _patch_io_utils,
+    'keras.engine.saving': _patch_saving,
+}
+
+
+class _PatchAfterImport:
+    """``sys.meta_path`` entry: runs a patch on a named module right after it executes.
+
+    It finds nothing itself; for a module named in ``_MODULE_PATCHES`` it asks the
+    finders after it for the spec and wraps the (per-module) file loader's
+    ``exec_module``. It leaves ``sys.meta_path`` once every patch has run.
+    """
+
+    def __init__(self):
+        self.pending = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        patch = self.pending.get(fullname)
+        if patch is None:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            if finder is not self and hasattr(finder, 'find_spec'):
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+        loaders = (importlib.machinery.SourceFileLoader,
+                   importlib.machinery.SourcelessFileLoader)
+        if spec is None or not isinstance(spec.loader, loaders):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_and_patch(module):
+            exec_module(module)
+            self.done(fullname)
+            patch(module)
+
+        spec.loader.exec_module = exec_and_patch
+        return spec
+
+    def done(self, fullname):
+        self.pending.pop(fullname, None)
+        if not self.pending and self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+
+_FINDER = _PatchAfterImport()
+
+
+def apply():
+    """Install every fix listed in the module docstring that this process lacks.
+
+    Idempotent and cheap (no imports beyond what ``import numba`` loads anyway).
+    Returns the list of fixes installed in this process so far.
+    """
+    _restore(collections, 'Iterable', collections.abc.Iterable)
+    _restore(collections, 'Container', collections.abc.Container)
+    _restore(inspect, 'ArgSpec', ArgSpec)
+    _restore(inspect, 'getargspec', getargspec)
+    _restore(np, 'Inf', np.inf)
+    _restore(np, 'unicode_', np.str_)
+    for name, patch in _MODULE_PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, '__file__'):
+            _FINDER.done(name)
+            patch(module)
+        else:
+            _FINDER.pending[name] = patch
+    if _FINDER.pending and _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    return applied()
+
+
+def applied():
+    """The fixes installed in this process, in the order they were installed."""
+    return list(_APPLIED)

@@ -1,0 +1,267 @@
+"""numbackend.keras_compat: the fixes Keras 2.2.5 needs on Python 3.11, NumPy 2, h5py 3."""
+
+import collections
+import collections.abc
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+
+from numbackend import keras_compat
+
+
+def test_apply_is_idempotent():
+    first = keras_compat.apply()
+    state = (collections.Iterable, collections.Container, inspect.ArgSpec,
+             inspect.getargspec, np.Inf, np.unicode_, list(sys.meta_path))
+    second = keras_compat.apply()
+    assert second == first == keras_compat.applied()
+    assert len(second) == len(set(second))
+    assert state == (collections.Iterable, collections.Container, inspect.ArgSpec,
+                     inspect.getargspec, np.Inf, np.unicode_, list(sys.meta_path))
+    assert sum(f is keras_compat._FINDER for f in sys.meta_path) <= 1
+
+
+def test_restored_names_are_the_old_objects():
+    keras_compat.apply()
+    assert collections.Iterable is collections.abc.Iterable
+    assert collections.Container is collections.abc.Container
+    assert np.Inf == np.inf and isinstance(np.Inf, float)
+    assert -np.Inf == float('-inf')
+    assert np.unicode_ is np.str_
+    assert np.issubdtype('U3', np.unicode_) and not np.issubdtype('int32', np.unicode_)
+
+
+def test_existing_names_are_left_alone(monkeypatch):
+    keras_compat.apply()
+    sentinel = object()
+    monkeypatch.setattr(collections, 'Iterable', sentinel)
+    monkeypatch.setattr(inspect, 'getargspec', sentinel)
+    monkeypatch.setattr(np, 'Inf', sentinel, raising=False)
+    keras_compat.apply()
+    assert collections.Iterable is sentinel
+    assert inspect.getargspec is sentinel
+    assert np.Inf is sentinel
+
+
+def _f(a, b=2, *args, **kw):
+    pass
+
+
+def _g():
+    pass
+
+
+def _annotated(x: int):
+    pass
+
+
+class _C:
+    def method(self, x, y=None):
+        pass
+
+
+@pytest.mark.parametrize('getargspec', [keras_compat.getargspec, 'inspect'])
+def test_getargspec_old_semantics(getargspec):
+    keras_compat.apply()
+    if getargspec == 'inspect':
+        getargspec = inspect.getargspec
+    spec = getargspec(_f)
+    assert spec == (['a', 'b'], 'args', 'kw', (2,))
+    assert (spec.args, spec.varargs, spec.keywords, spec.defaults) == (['a', 'b'], 'args', 'kw', (2,))
+    assert getargspec(_g) == ([], None, None, None)
+    assert getargspec(_C().method) == (['self', 'x', 'y'], None, None, (None,))
+    with pytest.raises(ValueError):
+        getargspec(lambda x, *, y=1: x)
+    with pytest.raises(ValueError):
+        getargspec(_annotated)
+
+
+def test_argspec_as_keras_builds_it():
+    # keras/utils/generic_utils.py:getargspec
+    keras_compat.apply()
+    full = inspect.getfullargspec(_f)
+    spec = inspect.ArgSpec(args=full.args, varargs=full.varargs, keywords=full.varkw,
+                           defaults=full.defaults)
+    assert inspect.ArgSpec._fields == ('args', 'varargs', 'keywords', 'defaults')
+    assert spec == (['a', 'b'], 'args', 'kw', (2,))
+    assert 'b' in spec.args
+
+
+# --------------------------------------------------------------- h5py 3 strings
+
+class _FakeH5Dict:
+    """The part of keras.utils.io_utils.H5Dict the patch relies on."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __getitem__(self, attr):
+        return ('original', attr)
+
+
+def _patched_io_utils():
+    module = types.ModuleType('fake_io_utils')
+    module.H5Dict = type('H5Dict', (_FakeH5Dict,), {})
+    keras_compat._patch_io_utils(module)
+    keras_compat._patch_io_utils(module)  # idempotent
+    return module
+
+
+def test_h5dict_attributes_come_back_as_bytes(tmp_path):
+    h5py = pytest.importorskip('h5py')
+    H5Dict = _patched_io_utils().H5Dict
+    with h5py.File(tmp_path / 'a.h5', 'w') as f:
+        f.attrs['scalar'] = b'{"a": 1}'                        # h5py 3 stores it variable-length
+        f.attrs['names'] = [b'dense_1', b'dense_2']           # list of bytes: variable-length
+        f.attrs['fixed'] = np.array([b'w0', b'w1'])            # 'S' array: fixed-length
+        f.attrs['one'] = np.bytes_(b'2.2.5')                   # as h5py 2 wrote scalars
+        f.attrs['number'] = 3
+        f.create_group('grp')
+    with h5py.File(tmp_path / 'a.h5', 'r') as f:
+        d = H5Dict(f)
+        assert d['scalar'] == b'{"a": 1}' and isinstance(d['scalar'], bytes)
+        assert d['names'] == [b'dense_1', b'dense_2']
+        assert d['fixed'] == [b'w0', b'w1']
+        assert d['one'] == b'2.2.5' and isinstance(d['one'], bytes)
+        assert d['number'] == 3
+        assert d['grp'] == ('original', 'grp')
+    assert H5Dict({'scalar': 'x'})['scalar'] == ('original', 'scalar')
+
+
+def _fake_saving():
+    """keras.engine.saving's loaders, reduced to their attribute reads."""
+    module = types.ModuleType('fake_saving')
+
+    def load_attributes_from_hdf5_group(group, name):
+        return [n.decode('utf8') for n in group.attrs[name]]
+
+    def load_weights_from_hdf5_group(f, layers, reshape=False):
+        version = f.attrs['keras_version'].decode('utf8')
+        backend = f.attrs['backend'].decode('utf8') if 'backend' in f.attrs else None
+        names = module.load_attributes_from_hdf5_group(f, 'layer_names')
+        weights = [module.load_attributes_from_hdf5_group(f[n], 'weight_names')
+                   for n in names]
+        return version, backend, names, weights, layers, reshape
+
+    module.load_attributes_from_hdf5_group = load_attributes_from_hdf5_group
+    module.load_weights_from_hdf5_group = load_weights_from_hdf5_group
+    module.load_weights_from_hdf5_group_by_name = load_weights_from_hdf5_group
+    keras_compat._patch_saving(module)
+    keras_compat._patch_saving(module)  # idempotent
+    return module
+
+
+@pytest.mark.parametrize('style', ['h5py3', 'h5py2'])
+def test_saving_loaders_accept_str_and_bytes_attributes(tmp_path, style):
+    h5py = pytest.importorskip('h5py')
+    saving = _fake_saving()
+    fixed = style == 'h5py2'
+
+    def strings(values):
+        return np.array(values) if fixed else list(values)
+
+    with h5py.File(tmp_path / 'w.h5', 'w') as f:
+        f.attrs['keras_version'] = np.bytes_(b'2.2.5') if fixed else b'2.2.5'
+        f.attrs['backend'] = np.bytes_(b'numbackend') if fixed else b'numbackend'
+        f.attrs['layer_names'] = strings([b'd1', b'd2'])
+        f.create_group('d1').attrs['weight_names'] = strings([b'd1/kernel:0', b'd1/bias:0'])
+        g = f.create_group('d2')
+        g.attrs['weight_names0'] = strings([b'd2/kernel:0'])   # chunked, as Keras splits
+        g.attrs['weight_names1'] = strings([b'd2/bias:0'])     # attributes over 64 KB
+    with h5py.File(tmp_path / 'w.h5', 'r') as f:
+        for load in (saving.load_weights_from_hdf5_group,
+                     saving.load_weights_from_hdf5_group_by_name):
+            assert load(f, ['L'], reshape=True) == (
+                '2.2.5', 'numbackend', ['d1', 'd2'],
+                [['d1/kernel:0', 'd1/bias:0'], ['d2/kernel:0', 'd2/bias:0']], ['L'], True)
+        assert saving.load_attributes_from_hdf5_group(f, 'missing') == []
+
+
+def test_patch_runs_when_module_is_imported_later(tmp_path, monkeypatch):
+    (tmp_path / 'nbc_late_module.py').write_text('VALUE = 1\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, 'nbc_late_module', raising=False)
+    seen = []
+
+    def patch(module):
+        seen.append(module.VALUE)
+        module.VALUE = 2
+
+    monkeypatch.setattr(keras_compat, '_MODULE_PATCHES',
+                        dict(keras_compat._MODULE_PATCHES, nbc_late_module=patch))
+    keras_compat.apply()
+    keras_compat.apply()
+    assert keras_compat._FINDER in sys.meta_path
+    import nbc_late_module
+    assert seen == [1] and nbc_late_module.VALUE == 2
+    assert 'nbc_late_module' not in keras_compat._FINDER.pending
+    monkeypatch.delitem(sys.modules, 'nbc_late_module')
+
+
+# ------------------------------------------------- Keras 2.2.5 itself, with a stub backend
+
+_KERAS = importlib.util.find_spec('keras')
+
+_SCRIPT = """
+import sys
+import numpy as np
+if sys.argv[1] == 'first':
+    from numbackend import keras_compat
+    keras_compat.apply()
+import keras
+import keras.engine.saving as saving
+from keras.utils.io_utils import H5Dict
+ok = []
+keras.callbacks.ModelCheckpoint('unused.h5')
+keras.callbacks.ReduceLROnPlateau()
+cb = keras.callbacks.EarlyStopping()
+cb.on_train_begin()
+ok.append(cb.best == np.inf)
+ok.append(keras.preprocessing.sequence.pad_sequences([[1, 2], [3]], maxlen=3).tolist()
+          == [[0, 1, 2], [0, 0, 3]])
+ok.append(keras.utils.generic_utils.getargspec(lambda a, b=1: 0).args == ['a', 'b'])
+ok.append(keras.engine.training_utils.should_run_validation([1, 3], 2) is True)
+import h5py
+with h5py.File(sys.argv[2], 'w') as f:
+    d = H5Dict(f)
+    d['model_config'] = b'{"x": 1}'
+    d['layer_names'] = [b'd1', b'd2']
+    saving.save_attributes_to_hdf5_group(f.create_group('g'), 'weight_names', [b'w:0'])
+with h5py.File(sys.argv[2], 'r') as f:
+    d = H5Dict(f, mode='r')
+    ok.append(d['model_config'].decode('utf-8') == '{"x": 1}')
+    ok.append([n.decode('utf8') for n in d['layer_names']] == ['d1', 'd2'])
+    ok.append(saving.load_attributes_from_hdf5_group(f['g'], 'weight_names') == ['w:0'])
+print(ok)
+"""
+
+
+@pytest.mark.skipif(_KERAS is None, reason='keras 2.2.5 is not installed')
+@pytest.mark.parametrize('order', ['backend', 'first'])
+def test_keras_loads_and_runs_with_a_stub_backend(tmp_path, order):
+    pytest.importorskip('h5py')
+    init = os.path.join(_KERAS.submodule_search_locations[0], 'backend', '__init__.py')
+    with open(init) as f:
+        names = sorted(set(re.findall(r'from \.load_backend import (\w+)', f.read())))
+    lines = [f'def {n}(*args, **kwargs):\n    raise NotImplementedError({n!r})\n'
+             for n in names + ['placeholder', 'variable', 'function']]
+    if order == 'backend':
+        lines.insert(0, 'from numbackend import keras_compat\nkeras_compat.apply()\n')
+    (tmp_path / 'nbc_stub_backend.py').write_text('\n'.join(lines))
+    (tmp_path / 'script.py').write_text(textwrap.dedent(_SCRIPT))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(keras_compat.__file__)))
+    env = dict(os.environ, KERAS_BACKEND='nbc_stub_backend', KERAS_HOME=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    out = subprocess.run([sys.executable, str(tmp_path / 'script.py'), order,
+                          str(tmp_path / 'd.h5')], check=False, cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == str([True] * 7)

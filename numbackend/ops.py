@@ -919,3 +919,20 @@ def _in_top_k(pred, targets, k):
 
 
 library("in_top_k", _in_top_k_infer, _in_top_k)
+
+
+def _random_shaped_infer(inputs, attrs):
+    (dims,) = inputs
+    static = tuple(attrs["shape"])
+    if dims.ndim != 1 or np.dtype(dims.dtype).kind not in "iu" or dims.shape[0] not in (None, len(static)):
+        raise ValueError(f"random: a symbolic shape must be a 1-D integer tensor of length {len(static)}, "
+                         f"got shape {format_shape(dims.shape)} and dtype {dims.dtype}")
+    return static, attrs["dtype"]
+
+
+# A random draw whose shape is a runtime 1-D int tensor (attrs: kind, the static shape with
+# None where unknown, dtype, rng and the kind's parameters).
+library("random_shaped", _random_shaped_infer,
+        lambda dims, kind, shape, rng, dtype, **params: _random(kind)(
+            rng, tuple(int(d) for d in dims), dtype, **params),
+        grad=lambda g, n: [None], stateful=True)

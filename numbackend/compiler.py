@@ -382,20 +382,21 @@ class Plan:
                 call_args.append(name)
         size_expr = _size_expr(in_names, patterns)
         arglist = ", ".join(call_args)
-        lines.append(f"if {size_expr} >= _PAR:")
-        lines.append(f"    ({out_name},) = {kname}.kernel_par({arglist})")
-        lines.append("else:")
-        lines.append(f"    ({out_name},) = {kname}.kernel_ser({arglist})")
+        fallback = fresh_name("G")
+        ns[fallback] = _numpy_group(g, inputs)
+        lines.append("try:")
+        lines.append(f"    if {size_expr} >= _PAR:")
+        lines.append(f"        ({out_name},) = {kname}.kernel_par({arglist})")
+        lines.append("    else:")
+        lines.append(f"        ({out_name},) = {kname}.kernel_ser({arglist})")
+        lines.append("except ValueError:  # run-time shapes broadcast unlike the static ones")
+        lines.append(f"    {out_name} = {fallback}({', '.join(names[t.id] for t in inputs)})")
         self.steps.append(Step("kernel", f"fused[{module.KEY[:8]}]", list(g.members), root, module))
 
     def _emit_numpy_group(self, g, inputs, in_names, out_name, ns, lines, fresh_name):
-        local = {i.id: n for i, n in zip(inputs, in_names)}
-        for m in g.members:
-            fname = fresh_name("L")
-            ns[fname] = functools.partial(evaluate, m)
-            name = out_name if m is g.root else fresh_name("v")
-            lines.append(f"{name} = {fname}([{', '.join(local[i.id] for i in m.inputs)}])")
-            local[m.id] = name
+        fname = fresh_name("G")
+        ns[fname] = _numpy_group(g, inputs)
+        lines.append(f"{out_name} = {fname}({', '.join(in_names)})")
         self.steps.append(Step("numpy", "numpy", list(g.members), g.root))
 
     def explain(self):
@@ -406,6 +407,16 @@ class Plan:
             out.append(f"{i:3d}  {step.kind:8s} {step.label:18s} {ops}  "
                        f"out={format_shape(step.out.shape)} {step.out.dtype}")
         return "\n".join(out)
+
+
+def _numpy_group(g, inputs):
+    """A callable evaluating a group node by node with NumPy."""
+    def run(*arrays):
+        values = {t.id: a for t, a in zip(inputs, arrays)}
+        for m in g.members:
+            values[m.id] = evaluate(m, [values[i.id] for i in m.inputs])
+        return values[g.root.id]
+    return run
 
 
 def layout_with(g, inputs, patterns, split):
@@ -492,7 +503,10 @@ class Function:
         for i, (ph, value) in enumerate(zip(self.inputs, values)):
             arr = np.asarray(value)
             castable = np.can_cast(arr.dtype, ph.dtype, "same_kind") or (
-                arr.dtype.kind in "biu" and np.dtype(ph.dtype).kind in "iuf")
+                arr.dtype.kind in "biu" and np.dtype(ph.dtype).kind in "iuf") or (
+                # Keras feeds e.g. the learning phase as 1.0: integral floats are fine
+                arr.dtype.kind == "f" and np.dtype(ph.dtype).kind in "biu"
+                and np.array_equal(arr, np.trunc(arr)))
             if arr.dtype != ph.dtype and not castable:
                 raise TypeError(f"function: input {i} ({ph.name!r}) has dtype {ph.dtype}; "
                                 f"cannot cast a {arr.dtype} array to it")

@@ -6,7 +6,7 @@ import numpy as np
 
 from . import config
 from .compiler import Function
-from .graph import Constant, Placeholder, Tensor, Variable, canonical_dtype, is_tensor
+from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
 from .ops import apply, as_tensor
 
 _uid_prefixes = {}
@@ -288,4 +288,39 @@ def _int_tuple(shape, where):
         raise TypeError(f"{where}: shape must be a tuple of ints, got {shape!r}") from None
 
 
-__all__ = [n for n in dir() if not n.startswith("_")] + ["Tensor"]
+__all__ = [
+    "batch_get_value",
+    "batch_set_value",
+    "cast",
+    "constant",
+    "count_params",
+    "dtype",
+    "eval",
+    "explain",
+    "eye",
+    "function",
+    "get_uid",
+    "get_value",
+    "identity",
+    "int_shape",
+    "is_keras_tensor",
+    "is_placeholder",
+    "is_sparse",
+    "is_tensor",
+    "learning_phase",
+    "manual_variable_initialization",
+    "name_scope",
+    "ndim",
+    "ones",
+    "ones_like",
+    "placeholder",
+    "print_tensor",
+    "reset_uids",
+    "set_learning_phase",
+    "set_value",
+    "shape",
+    "to_dense",
+    "variable",
+    "zeros",
+    "zeros_like",
+]

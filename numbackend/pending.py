@@ -1,0 +1,32 @@
+"""Names Keras 2.2.5 requires whose implementation is not in this release yet.
+
+Each raises NotImplementedError naming the missing feature, so that
+``import keras`` works and a model that needs the feature fails clearly.
+"""
+
+
+def _missing(name, feature):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(f"{name}: {feature} is not implemented in numbackend yet")
+    fn.__name__ = name
+    fn.__qualname__ = name
+    fn.__doc__ = f"Not implemented yet: {feature}."
+    return fn
+
+
+_FEATURES = {
+    "gradients": ("gradients",),
+    "the RNN scan": ("rnn", "foldl", "foldr", "map_fn"),
+    "convolution": ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose",
+                    "deconv2d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",
+                    "local_conv1d", "local_conv2d"),
+    "pooling": ("pool2d", "pool3d"),
+    "resizing": ("resize_images", "resize_volumes"),
+    "CTC": ("ctc_batch_cost", "ctc_decode", "ctc_label_dense_to_sparse"),
+}
+
+for _feature, _names in _FEATURES.items():
+    for _name in _names:
+        globals()[_name] = _missing(_name, _feature)
+
+__all__ = [n for names in _FEATURES.values() for n in names]

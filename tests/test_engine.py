@@ -1,0 +1,283 @@
+"""The engine itself: fusion, common sub-expressions, constant folding, the plan,
+the kernel cache across processes, call-boundary checks and update atomicity."""
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from numbackend import codegen, ops
+from numbackend import core as K
+
+
+def relu_sum_fn():
+    a = K.placeholder((None, 8), name="a")
+    b = K.placeholder((8,), name="b")
+    y = ops.apply("maximum", a * b + 1.0, 0.0) * 2.0 - a
+    return a, b, y
+
+
+def test_elementwise_chain_is_one_kernel():
+    a, b, y = relu_sum_fn()
+    f = K.function([a, b], [y])
+    kernels = [s for s in f.plan.steps if s.kind == "kernel"]
+    assert len(f.plan.steps) == 1 and len(kernels) == 1
+    assert [n.op for n in kernels[0].nodes] == ["multiply", "add", "maximum", "multiply", "subtract"]
+    x = np.arange(24, dtype=np.float32).reshape(3, 8) - 12
+    w = np.linspace(-1, 1, 8).astype(np.float32)
+    np.testing.assert_allclose(f([x, w])[0], np.maximum(x * w + 1, 0) * 2 - x, rtol=1e-6)
+
+
+def test_shared_subexpression_is_computed_once():
+    a = K.placeholder((None, 8))
+    # the same expression built twice: one node after rewriting, used by both outputs
+    s1 = a * 3.0 + 1.0
+    s2 = a * 3.0 + 1.0
+    f = K.function([a], [s1 * s2, ops.apply("sum", s2, axis=-1)])
+    members = [n.op for s in f.plan.steps for n in s.nodes]
+    assert members.count("multiply") == 2  # a*3 once, plus s1*s2
+    assert members.count("add") == 1
+    x = np.ones((2, 8), np.float32)
+    out = f([x])
+    np.testing.assert_allclose(out[0], (x * 3 + 1) ** 2)
+    np.testing.assert_allclose(out[1], (x * 3 + 1).sum(-1))
+
+
+def test_constants_are_folded():
+    a = K.placeholder((4,))
+    c = K.constant(np.arange(4.0)) * 2.0 + 1.0  # folds to one constant
+    f = K.function([a], [a + c])
+    steps = f.plan.steps
+    assert len(steps) == 1 and [n.op for n in steps[0].nodes] == ["add"]
+    np.testing.assert_allclose(f([np.ones(4)])[0], 1 + np.arange(4.0) * 2 + 1)
+
+
+def test_softmax_is_one_row_kernel():
+    x = K.placeholder((None, 7))
+    e = ops.apply("exp", x - ops.apply("max", x, axis=-1, keepdims=True))
+    y = e / ops.apply("sum", e, axis=-1, keepdims=True)
+    f = K.function([x], [y])
+    assert len(f.plan.steps) == 1
+    v = np.random.default_rng(0).standard_normal((5, 7)).astype(np.float32) * 30
+    want = np.exp(v - v.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(f([v])[0], want, rtol=2e-6, atol=1e-7)
+
+
+def test_broadcast_patterns_rows_columns_scalars():
+    x = K.placeholder((None, 5))
+    col = K.placeholder((None, 1))
+    row = K.placeholder((5,))
+    s = K.placeholder(())
+    f = K.function([x, col, row, s], [(x - col) * row + s])
+    r = np.random.default_rng(1)
+    xv, cv, rv = r.standard_normal((3, 5)), r.standard_normal((3, 1)), r.standard_normal(5)
+    np.testing.assert_allclose(f([xv, cv, rv, 2.5])[0], (xv - cv) * rv + 2.5, rtol=1e-6)
+
+
+def test_runtime_broadcast_of_unknown_dim_falls_back_correctly():
+    # static shapes say both inputs are (None, 4); at run time one has a single row
+    a = K.placeholder((None, 4))
+    b = K.placeholder((None, 4))
+    f = K.function([a, b], [a * b + 1.0])
+    av = np.arange(12.0, dtype=np.float32).reshape(3, 4)
+    bv = np.full((1, 4), 2.0, np.float32)
+    np.testing.assert_allclose(f([av, bv])[0], av * bv + 1)
+
+
+def test_large_arrays_use_the_parallel_kernel_and_agree():
+    a = K.placeholder((None,))
+    f = K.function([a], [a * a - 3.0 * a])
+    v = np.linspace(-5, 5, 100_003).astype(np.float32)
+    np.testing.assert_allclose(f([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
+
+
+def test_kernel_source_never_contains_user_strings():
+    name = "x); import os #"
+    a = K.placeholder((None, 3), name=name)
+    f = K.function([a], [a * 2.0 + 1.0])
+    np.testing.assert_allclose(f([np.ones((2, 3))])[0], np.full((2, 3), 3.0))
+    for src in f.kernel_sources() + [f.plan.source]:
+        assert name not in src and "import os" not in src
+
+
+def test_same_structure_in_two_graphs_is_one_kernel():
+    def build():
+        a = K.placeholder((None, 6))
+        return K.function([a], [a * 4.0 - 1.0])
+    f1, f2 = build(), build()
+    assert f1.plan.kernels[0] is f2.plan.kernels[0]
+
+
+def test_explain_lists_steps():
+    x = K.placeholder((None, 4))
+    w = K.variable(np.ones((4, 3)))
+    f = K.function([x], [ops.apply("maximum", ops.apply("dot", x, w) + 1.0, 0.0)])
+    text = f.explain()
+    assert "dot" in text and "add -> maximum" in text and "(None, 3)" in text
+    assert K.explain(f) == text
+
+
+def test_second_process_compiles_nothing(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np
+        from numbackend import core as K, ops, codegen
+        a = K.placeholder((None, 16))
+        f = K.function([a], [ops.apply("sum", a * 2.0 + 1.0, axis=-1, keepdims=True) - a])
+        f([np.ones((4, 16), np.float32)])
+        f([np.ones((40000, 16), np.float32)])
+        print(codegen.numba_stats()["compiled"], codegen.stats["generated"])
+    """)
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                            check=True).stdout.split()
+    assert int(first[0]) > 0 and int(first[1]) > 0
+    assert second == ["0", "0"]
+
+
+def test_cache_dir_falls_back_when_unwritable(tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(ro / "sub"))
+    try:
+        if os.access(ro, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+        assert codegen.cache_dir().startswith(os.path.realpath(os.path.dirname(codegen.tempfile.gettempdir())))
+    finally:
+        ro.chmod(0o700)
+
+
+# --- the call boundary ------------------------------------------------------
+
+
+def test_wrong_number_of_inputs():
+    a = K.placeholder((2,), name="alpha")
+    f = K.function([a], [a + 1.0])
+    with pytest.raises(ValueError, match="expected 1 input"):
+        f([])
+
+
+def test_wrong_shape_names_the_placeholder():
+    a = K.placeholder((None, 3), name="alpha")
+    f = K.function([a], [a + 1.0])
+    with pytest.raises(ValueError, match=r"'alpha'.*\(None, 3\).*\(2, 4\)"):
+        f([np.ones((2, 4))])
+
+
+def test_uncastable_dtype_names_the_placeholder():
+    a = K.placeholder((3,), dtype="int32", name="idx")
+    f = K.function([a], [a + 1])
+    with pytest.raises(TypeError, match="'idx'"):
+        f([np.ones(3) * 0.5])
+    np.testing.assert_array_equal(f([np.arange(3, dtype=np.int64)])[0], [1, 2, 3])
+    # integral floats are accepted: Keras feeds the learning phase as 1.0
+    np.testing.assert_array_equal(f([np.arange(3.0)])[0], [1, 2, 3])
+
+
+def test_missing_placeholder_is_reported_at_construction():
+    a = K.placeholder((3,), name="a")
+    b = K.placeholder((3,), name="bee")
+    with pytest.raises(ValueError, match="'bee'"):
+        K.function([a], [a + b])
+
+
+def test_incompatible_shapes_raise_at_construction():
+    a = K.placeholder((None, 3))
+    b = K.placeholder((4,))
+    with pytest.raises(ValueError, match=r"add: incompatible shapes.*\(None, 3\).*\(4,\)"):
+        a + b
+
+
+def test_axis_out_of_range_raises_at_construction():
+    a = K.placeholder((2, 3))
+    with pytest.raises(ValueError, match="sum: axis 2 is out of range"):
+        ops.apply("sum", a, axis=2)
+
+
+def test_unknown_dtype_raises():
+    with pytest.raises(TypeError, match="placeholder"):
+        K.placeholder((2,), dtype="complex128")
+
+
+# --- updates ------------------------------------------------------------------
+
+
+def test_updates_use_values_before_the_call():
+    v = K.variable(np.array([1.0, 2.0]))
+    w = K.variable(np.array([10.0, 20.0]))
+    f = K.function([], [v + w], updates=[(v, w), (w, v)])  # a swap
+    out = f([])
+    np.testing.assert_allclose(out[0], [11, 22])
+    np.testing.assert_allclose(K.get_value(v), [10, 20])
+    np.testing.assert_allclose(K.get_value(w), [1, 2])
+
+
+def test_failing_call_changes_no_variable():
+    v = K.variable(np.zeros(3))
+    x = K.placeholder((None,))
+    # the update's shape is only known at run time: a wrong one must change nothing
+    f = K.function([x], [x * 2.0], updates=[(v, v + 1.0), (v, x)])
+    with pytest.raises(ValueError, match="no variable was changed"):
+        f([np.ones(5)])
+    np.testing.assert_array_equal(K.get_value(v), np.zeros(3))
+
+
+def test_returned_arrays_belong_to_the_caller():
+    v = K.variable(np.ones(3))
+    x = K.placeholder((3,))
+    f = K.function([x], [x * 2.0, v])
+    first = f([np.ones(3)])
+    first[0][:] = -1
+    first[1][:] = -1
+    second = f([np.ones(3)])
+    np.testing.assert_array_equal(second[0], [2, 2, 2])
+    np.testing.assert_array_equal(K.get_value(v), [1, 1, 1])
+
+
+def test_set_value_checks_shape_and_batch_set_is_atomic():
+    v = K.variable(np.zeros((2, 2)))
+    w = K.variable(np.zeros(3))
+    with pytest.raises(ValueError, match=r"\(2, 2\)"):
+        K.set_value(v, np.ones(3))
+    with pytest.raises(ValueError):
+        K.batch_set_value([(v, np.ones((2, 2))), (w, np.ones(2))])
+    np.testing.assert_array_equal(K.get_value(v), np.zeros((2, 2)))
+    K.batch_set_value([(v, np.ones((2, 2))), (w, np.ones(3))])
+    assert K.batch_get_value([v, w])[1].tolist() == [1, 1, 1]
+
+
+def test_eval_variable_and_expression():
+    v = K.variable(np.arange(3.0))
+    np.testing.assert_allclose(K.eval(v * 2.0), [0, 2, 4])
+    assert K.eval(v).dtype == np.float32
+
+
+def test_learning_phase_defaults_to_zero_when_not_fed():
+    lp = K.learning_phase()
+    x = K.placeholder((2,))
+    f = K.function([x], [ops.apply("where", lp, x, -x)])
+    np.testing.assert_array_equal(f([np.ones(2)])[0], [-1, -1])
+    g = K.function([x, lp], [ops.apply("where", lp, x, -x)])
+    np.testing.assert_array_equal(g([np.ones(2), 1])[0], [1, 1])
+
+
+def test_operators_and_slicing():
+    a = K.placeholder((4, 6))
+    f = K.function([a], [a[1:3, ::2], -a, 2.0 ** a[0], a // 2.0, a % 4.0, a[..., 0], a[:, None, 1]])
+    v = np.arange(24.0, dtype=np.float32).reshape(4, 6) - 7
+    out = f([v])
+    for got, want in zip(out, [v[1:3, ::2], -v, 2.0 ** v[0], v // 2, v % 4, v[..., 0], v[:, None, 1]]):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_slicing_out_of_range_raises():
+    a = K.placeholder((4, 6))
+    with pytest.raises(IndexError, match="getitem"):
+        a[4]
+    with pytest.raises(IndexError, match="too many indices"):
+        a[1, 2, 3]

@@ -846,19 +846,37 @@ library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
 
 
 def _reshape_dynamic_infer(inputs, attrs):
+    """``known`` (optional): the target dims known when the graph is built, None elsewhere."""
     x, shape = inputs
     if shape.ndim != 1 or shape.shape[0] is None:
         raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length")
-    return (None,) * shape.shape[0], x.dtype
+    known = tuple(attrs.get("known") or (None,) * shape.shape[0])
+    if len(known) != shape.shape[0]:
+        raise ValueError(f"reshape: {len(known)} known dims given for a target shape of "
+                         f"length {shape.shape[0]}")
+    return known, x.dtype
 
 
 library("reshape_dynamic", _reshape_dynamic_infer,
-        lambda x, shape: x.reshape(tuple(int(d) for d in shape)),
+        lambda x, shape, known=None: x.reshape(tuple(int(d) for d in shape)),
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
 
 
 def _arange_infer(inputs, attrs):
-    return (len(range(*attrs["range"])),) if all(isinstance(v, int) for v in attrs["range"]) else (None,), attrs["dtype"]
+    """inputs: scalar start, stop, step; the length is known when all three are constants."""
+    if any(t.ndim != 0 for t in inputs):
+        raise ValueError("arange: start, stop and step must be scalars, got shapes "
+                         + ", ".join(format_shape(t.shape) for t in inputs))
+    if all(isinstance(t, Constant) for t in inputs):
+        start, stop, step = (t.value.item() for t in inputs)
+        if step == 0:
+            raise ValueError("arange: step must not be zero")
+        return (len(np.arange(start, stop, step)),), attrs["dtype"]
+    return (None,), attrs["dtype"]
+
+
+library("arange", _arange_infer,
+        lambda start, stop, step, dtype: np.arange(start, stop, step).astype(dtype))
 
 
 def _random_infer(inputs, attrs):

@@ -1,1 +1,52 @@
-"""numbackend: a Keras backend that compiles to native CPU code through Numba."""
+"""numbackend: a Keras backend that compiles to native CPU code through Numba.
+
+``import numbackend as K`` gives the whole backend API; Keras 2.2.5 loads it
+with ``KERAS_BACKEND=numbackend``.  Keras 1 code can use ``numbackend.keras1``.
+Numba itself is imported only when a function is first compiled.
+"""
+from . import keras_compat as _keras_compat
+
+_keras_compat.apply()
+
+from . import autodiff, config, conv, core, math, nn, pending, random, updates
+from .autodiff import *
+from .config import (
+    backend,
+    cast_to_floatx,
+    epsilon,
+    floatx,
+    image_data_format,
+    image_dim_ordering,
+    normalize_data_format,
+    set_epsilon,
+    set_floatx,
+    set_image_data_format,
+    set_image_dim_ordering,
+)
+from .conv import *
+from .core import *
+from .graph import Tensor, Variable
+from .math import *
+from .nn import *
+from .random import *
+from .updates import *
+
+config.load_config()
+
+# Names of features still to come raise NotImplementedError; real definitions win.
+for _name in pending.__all__:
+    globals().setdefault(_name, getattr(pending, _name))
+
+__all__ = [
+    "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx", "image_data_format",
+    "image_dim_ordering", "normalize_data_format", "set_epsilon", "set_floatx",
+    "set_image_data_format", "set_image_dim_ordering",
+]
+__all__ += autodiff.__all__
+__all__ += conv.__all__
+__all__ += core.__all__
+__all__ += math.__all__
+__all__ += nn.__all__
+__all__ += [n for n in pending.__all__ if n not in __all__]
+__all__ += random.__all__
+__all__ += updates.__all__

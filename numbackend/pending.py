@@ -15,7 +15,6 @@ def _missing(name, feature):
 
 
 _FEATURES = {
-    "gradients": ("gradients",),
     "the RNN scan": ("rnn", "foldl", "foldr", "map_fn"),
     "convolution": ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose",
                     "deconv2d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",

@@ -1,0 +1,78 @@
+"""Reverse-mode differentiation over the graph.
+
+Each op's gradient rule lives with the op (ops.py); this module walks the
+graph from the loss back to the variables, applies the rules, undoes
+broadcasting (a broadcast input's gradient is summed back to its shape) and
+adds up the gradients of tensors used more than once.  The result is an
+ordinary graph: it goes through the same compiler, so a backward chain of
+element-wise ops fuses like a forward one, and forward values are shared by
+common sub-expression merging rather than recomputed.
+"""
+import numpy as np
+
+from .graph import Constant, Tensor, toposort
+from .ops import OPS, apply, as_tensor
+
+
+def _is_float(t):
+    return np.dtype(t.dtype).kind == "f"
+
+
+def gradients(loss, variables):
+    """Symbolic gradients of ``loss`` with respect to each of ``variables``.
+
+    A non-scalar loss is summed first, as TensorFlow does.  A variable the
+    loss does not depend on (or reaches only through non-differentiable ops
+    such as argmax, comparisons, rounding or integer casts) gets None."""
+    loss = as_tensor(loss)
+    single = isinstance(variables, Tensor)
+    variables = [variables] if single else list(variables)
+    for v in variables:
+        if not isinstance(v, Tensor):
+            raise TypeError(f"gradients: expected tensors to differentiate against, got {v!r}")
+    if not _is_float(loss):
+        raise TypeError(f"gradients: the loss must be a float tensor, got dtype {loss.dtype}")
+    order = toposort([loss])
+    relevant = _depends_on(order, {v.id for v in variables})
+    if loss.ndim == 0:
+        seed = Constant(np.ones((), dtype=loss.dtype))
+    else:
+        seed = apply("broadcast_like", Constant(np.ones((), dtype=loss.dtype)), loss)
+    grads = {loss.id: seed}
+    for node in reversed(order):
+        g = grads.get(node.id)
+        if g is None or not node.inputs:
+            continue
+        rule = OPS[node.op].grad
+        if rule is None:
+            continue  # not differentiable: contributes nothing
+        input_grads = rule(g, node)
+        for inp, gi in zip(node.inputs, input_grads):
+            if gi is None or inp.id not in relevant or not _is_float(inp):
+                continue
+            gi = _fit(gi, inp)
+            previous = grads.get(inp.id)
+            grads[inp.id] = gi if previous is None else apply("add", previous, gi)
+    result = [grads.get(v.id) for v in variables]
+    return result[0] if single else result
+
+
+def _depends_on(order, targets):
+    """Ids of the nodes that depend on any of ``targets`` (the targets included)."""
+    relevant = set()
+    for node in order:
+        if node.id in targets or any(i.id in relevant for i in node.inputs):
+            relevant.add(node.id)
+    return relevant
+
+
+def _fit(g, x):
+    """The gradient g made to match x: broadcasting summed out, dtype cast."""
+    if g.shape != x.shape:
+        g = apply("sum_to", g, x)
+    if g.dtype != x.dtype:
+        g = apply("cast", g, dtype=x.dtype)
+    return g
+
+
+__all__ = ["gradients"]

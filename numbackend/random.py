@@ -56,12 +56,9 @@ def _shape_arg(shape, where):
         if shape.ndim != 1 or shape.shape[0] is None:
             raise ValueError(f"{where}: a symbolic shape must be a 1-D integer tensor of known "
                              f"length, got {shape!r}")
-        if shape.op == "shape":
-            static = shape.inputs[0].shape
-        elif shape.op == "constant":
-            static = tuple(int(d) for d in shape.value)
-        else:
-            static = (None,) * shape.shape[0]
+        if shape.op == "constant":
+            return tuple(int(d) for d in shape.value), None
+        static = shape.inputs[0].shape if shape.op == "shape" else (None,) * shape.shape[0]
         return tuple(static), shape
     try:
         entries = list(shape)

@@ -103,6 +103,7 @@ def test_symbolic_shape():
         assert noisy.shape == (batch, 3) and u.shape == (batch, 5)
     assert abs(noisy.std() - 0.1) < 0.01
     assert u.min() >= 0 and u.max() < 1
+    assert draw(K.random_normal(K.variable([2, 3], dtype="int32"))).shape == (2, 3)
 
 
 def test_tensor_parameters():

@@ -176,17 +176,21 @@ def mean(x, axis=None, keepdims=False):
 
 def var(x, axis=None, keepdims=False):
     """Variance (mean squared deviation from the mean) over ``axis``."""
-    x = as_tensor(x)
-    axes = ops.normalize_axes("var", axis, x.ndim)
-    if x.dtype == "bool":
-        x = apply("cast", x, dtype=config.floatx())
-    deviation = apply("subtract", x, apply("mean", x, axis=axes, keepdims=True))
-    return apply("mean", apply("square", deviation), axis=axes, keepdims=keepdims)
+    return _variance("var", x, axis, keepdims)
 
 
 def std(x, axis=None, keepdims=False):
     """Standard deviation (square root of the variance) over ``axis``."""
-    return apply("sqrt", var(x, axis=axis, keepdims=keepdims))
+    return apply("sqrt", _variance("std", x, axis, keepdims))
+
+
+def _variance(where, x, axis, keepdims):
+    x = as_tensor(x)
+    axes = ops.normalize_axes(where, axis, x.ndim)
+    if np.dtype(x.dtype).kind != "f":  # booleans and integers: floatx
+        x = apply("cast", x, dtype=config.floatx())
+    deviation = apply("subtract", x, apply("mean", x, axis=axes, keepdims=True))
+    return apply("mean", apply("square", deviation), axis=axes, keepdims=keepdims)
 
 
 def any(x, axis=None, keepdims=False):

@@ -658,7 +658,9 @@ def _scatter_like(g, like, key):
     return out
 
 
-library("getitem", _getitem_infer, lambda x, key: np.ascontiguousarray(x[key]), grad=_getitem_grad)
+# np.require, not np.ascontiguousarray: the latter turns a scalar result into shape (1,).
+library("getitem", _getitem_infer, lambda x, key: np.require(x[key], requirements="C"),
+        grad=_getitem_grad)
 library("scatter_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_like,
         grad=lambda g, n: [apply("getitem", g, key=n.attrs["key"]), None])
 

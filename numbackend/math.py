@@ -249,8 +249,7 @@ def dot(x, y):
     x, y = as_tensor(x), as_tensor(y)
     if y.ndim <= 2:
         return apply("dot", x, y)
-    k_x, k_y = x.shape[-1] if x.ndim else None, y.shape[-2]
-    if x.ndim == 0 or (k_x is not None and k_y is not None and k_x != k_y):
+    if x.ndim == 0 or _known_and_different(x.shape[-1], y.shape[-2]):
         raise ValueError(f"dot: cannot contract shapes {format_shape(x.shape)} and "
                          f"{format_shape(y.shape)}")
     # As a matrix product: y's contracted axis first, the others flattened after it.
@@ -278,7 +277,7 @@ def batch_dot(x, y, axes=None):
     shapes = f"{format_shape(x.shape)} and {format_shape(y.shape)}"
     if x.ndim < 2 or y.ndim < 2:
         raise ValueError(f"batch_dot: inputs must have rank >= 2, got shapes {shapes}")
-    if x.shape[0] is not None and y.shape[0] is not None and x.shape[0] != y.shape[0]:
+    if _known_and_different(x.shape[0], y.shape[0]):
         raise ValueError(f"batch_dot: inputs have different batch sizes: {shapes}")
     if axes is None:
         axes = (x.ndim - 1, y.ndim - 1 if y.ndim == 2 else y.ndim - 2)
@@ -291,10 +290,9 @@ def batch_dot(x, y, axes=None):
     if x_axis == 0 or y_axis == 0:
         raise ValueError(f"batch_dot: cannot reduce over the batch axis 0 (axes={axes}, "
                          f"shapes {shapes}); add a batch axis with expand_dims(x, 0)")
-    d_x, d_y = x.shape[x_axis], y.shape[y_axis]
-    if d_x is not None and d_y is not None and d_x != d_y:
+    if _known_and_different(x.shape[x_axis], y.shape[y_axis]):
         raise ValueError(f"batch_dot: cannot reduce axis {x_axis} of x with axis {y_axis} of y "
-                         f"({d_x} != {d_y}) for shapes {shapes}")
+                         f"({x.shape[x_axis]} != {y.shape[y_axis]}) for shapes {shapes}")
     # As a batched matrix product (batch, m, k) @ (batch, k, n).
     x_rest = [i for i in range(1, x.ndim) if i != x_axis]
     y_rest = [i for i in range(1, y.ndim) if i != y_axis]
@@ -392,8 +390,7 @@ def reshape(x, shape):
         shape[symbolic[0]] = -1
         return apply("reshape", x, shape=tuple(int(d) for d in shape))
     known = tuple(None if is_tensor(d) or int(d) < 0 else int(d) for d in shape)
-    target = apply("stack", *[as_tensor(d, dtype="int32") if not is_tensor(d) else d
-                              for d in shape], axis=0)
+    target = apply("stack", *[as_tensor(d, dtype="int32") for d in shape], axis=0)
     return apply("reshape_dynamic", x, target, known=known)
 
 
@@ -534,6 +531,11 @@ def _dims(x):
         return list(x.shape)
     runtime = apply("shape", x)
     return [d if d is not None else ops.getitem(runtime, i) for i, d in enumerate(x.shape)]
+
+
+def _known_and_different(a, b):
+    """Two static dims that are both known and differ."""
+    return a is not None and b is not None and a != b
 
 
 def _product(dims):

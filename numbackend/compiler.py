@@ -514,7 +514,7 @@ class Function:
                     d is not None and d != a for d, a in zip(ph.shape, arr.shape)):
                 raise ValueError(f"function: input {i} ({ph.name!r}) expects shape "
                                  f"{format_shape(ph.shape)}, got {arr.shape}")
-            arrays.append(np.ascontiguousarray(arr, dtype=ph.dtype))
+            arrays.append(np.require(arr, dtype=ph.dtype, requirements="C"))
         return arrays
 
     def __call__(self, values=()):

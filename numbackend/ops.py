@@ -43,6 +43,12 @@ class Op:
         return f"Op({self.name!r}, {self.kind})"
 
 
+def contiguous(a):
+    """``a`` as a C-contiguous array (a copy only when needed); unlike
+    np.ascontiguousarray it keeps a 0-d array 0-d."""
+    return np.require(a, requirements="C")
+
+
 def register(op):
     if op.name in OPS:
         raise ValueError(f"op {op.name!r} defined twice")
@@ -439,8 +445,13 @@ def _dot_grad(g, n):
         gx = apply("dot", g, apply("transpose", y, axes=(1, 0)))
         gy = apply("dot", apply("transpose", x2, axes=(1, 0)), g2)
         return [gx, gy]
-    raise NotImplementedError("gradients: dot of rank-3+ right operand has no gradient yet; "
-                              "use batch_dot")
+    if y.ndim == 1:  # (..., k) . (k,) -> (...): an outer product back
+        gx = apply("multiply", apply("reshape", g, shape=tuple(-1 if d is None else d for d in g.shape) + (1,)), y)
+        x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
+        gy = apply("dot", apply("reshape", g, shape=(-1,)), x2)
+        return [gx, gy]
+    raise NotImplementedError("gradients: dot with a right operand of rank 3 or more has no "
+                              "gradient rule; math.dot rewrites it on 2-D products")
 
 
 library("dot", _dot_infer, lambda x, y: np.dot(x, y), grad=_dot_grad)
@@ -479,7 +490,7 @@ def _transpose_infer(inputs, attrs):
     return tuple(x.shape[a] for a in axes), x.dtype
 
 
-library("transpose", _transpose_infer, lambda x, axes: np.ascontiguousarray(np.transpose(x, axes)),
+library("transpose", _transpose_infer, lambda x, axes: contiguous(np.transpose(x, axes)),
         grad=lambda g, n: [apply("transpose", g, axes=tuple(np.argsort(n.attrs["axes"])))])
 
 
@@ -518,7 +529,7 @@ def _broadcast_like_infer(inputs, attrs):
 
 
 library("broadcast_like", _broadcast_like_infer,
-        lambda x, like: np.ascontiguousarray(np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape))),
+        lambda x, like: contiguous(np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape))),
         grad=lambda g, n: [apply("sum_to", g, n.inputs[0]), None])
 
 
@@ -586,13 +597,13 @@ def _concat_grad(g, n):
 library("concatenate", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
         grad=_concat_grad)
 library("slice_axis_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
-        lambda g, like, axis, start: np.ascontiguousarray(
+        lambda g, like, axis, start: contiguous(
             np.take(g, np.arange(start, start + like.shape[axis]), axis=axis)))
 
 
 def _split_part(g, *parts, axis, index):
     start = sum(p.shape[axis] for p in parts[:index])
-    return np.ascontiguousarray(np.take(g, np.arange(start, start + parts[index].shape[axis]), axis=axis))
+    return contiguous(np.take(g, np.arange(start, start + parts[index].shape[axis]), axis=axis))
 
 
 library("split_part", lambda inputs, attrs: (inputs[1 + attrs["index"]].shape, inputs[0].dtype),
@@ -602,10 +613,17 @@ library("split_part", lambda inputs, attrs: (inputs[1 + attrs["index"]].shape, i
 def _stack_infer(inputs, attrs):
     if not inputs:
         raise ValueError("stack: no tensors given")
-    shape = broadcast_shapes("stack", *[t.shape for t in inputs])
-    if any(t.ndim != len(shape) for t in inputs):
+    if any(t.ndim != inputs[0].ndim for t in inputs):
         raise ValueError("stack: tensors of different ranks: "
                          + ", ".join(format_shape(t.shape) for t in inputs))
+    shape = []
+    for dims in zip(*[t.shape for t in inputs]):
+        known = {d for d in dims if d is not None}
+        if len(known) > 1:
+            raise ValueError("stack: tensors of different shapes: "
+                             + ", ".join(format_shape(t.shape) for t in inputs))
+        shape.append(known.pop() if known else None)
+    shape = tuple(shape)
     axis = normalize_axis("stack", attrs.get("axis", 0), len(shape) + 1)
     attrs["axis"] = axis
     return shape[:axis] + (len(inputs),) + shape[axis:], _promote(inputs)
@@ -617,7 +635,7 @@ library("stack", _stack_infer, lambda *xs, axis: np.stack(xs, axis=axis),
 library("take_index",
         lambda inputs, attrs: (inputs[0].shape[:attrs["axis"]] + inputs[0].shape[attrs["axis"] + 1:],
                                inputs[0].dtype),
-        lambda x, axis, index: np.ascontiguousarray(np.take(x, index, axis=axis)))
+        lambda x, axis, index: contiguous(np.take(x, index, axis=axis)))
 
 
 def _getitem_infer(inputs, attrs):
@@ -658,8 +676,7 @@ def _scatter_like(g, like, key):
     return out
 
 
-# np.require, not np.ascontiguousarray: the latter turns a scalar result into shape (1,).
-library("getitem", _getitem_infer, lambda x, key: np.require(x[key], requirements="C"),
+library("getitem", _getitem_infer, lambda x, key: contiguous(x[key]),
         grad=_getitem_grad)
 library("scatter_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_like,
         grad=lambda g, n: [apply("getitem", g, key=n.attrs["key"]), None])
@@ -756,7 +773,7 @@ def _reverse_infer(inputs, attrs):
     return x.shape, x.dtype
 
 
-library("reverse", _reverse_infer, lambda x, axes: np.ascontiguousarray(np.flip(x, axes)),
+library("reverse", _reverse_infer, lambda x, axes: contiguous(np.flip(x, axes)),
         grad=lambda g, n: [apply("reverse", g, axes=n.attrs["axes"])])
 
 
@@ -830,7 +847,7 @@ def _pad_infer(inputs, attrs):
 
 
 def _unpad(g, pads):
-    return np.ascontiguousarray(g[tuple(slice(a, g.shape[i] - b) for i, (a, b) in enumerate(pads))])
+    return contiguous(g[tuple(slice(a, g.shape[i] - b) for i, (a, b) in enumerate(pads))])
 
 
 library("pad", _pad_infer, lambda x, pads: np.pad(x, pads),

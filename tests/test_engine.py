@@ -281,3 +281,31 @@ def test_slicing_out_of_range_raises():
         a[4]
     with pytest.raises(IndexError, match="too many indices"):
         a[1, 2, 3]
+
+
+# --- regressions ----------------------------------------------------------------
+
+
+def test_scalar_values_stay_scalar():
+    x = K.placeholder(())
+    assert K.function([x], [x * 2.0])([np.float32(2)])[0].shape == ()
+    v = K.variable(3.0)
+    assert K.eval(ops.apply("transpose", v, axes=())).shape == ()
+    assert K.eval(ops.apply("take_index", K.variable([1.0, 2.0]), axis=0, index=1)).shape == ()
+
+
+def test_stack_rejects_unequal_shapes_at_construction():
+    with pytest.raises(ValueError, match=r"stack: tensors of different shapes.*\(1, 3\).*\(2, 3\)"):
+        ops.apply("stack", K.placeholder((1, 3)), K.placeholder((2, 3)), axis=0)
+
+
+def test_dot_with_vector_right_operand_has_a_gradient():
+    from numbackend.autodiff import gradients
+    x = K.variable(np.arange(12.0).reshape(4, 3))
+    y = K.variable(np.array([1.0, -2.0, 0.5]))
+    loss = ops.apply("sum", ops.apply("dot", x, y) ** 2.0)
+    gx, gy = gradients(loss, [x, y])
+    xv, yv = np.arange(12.0).reshape(4, 3), np.array([1.0, -2.0, 0.5])
+    r = xv @ yv
+    np.testing.assert_allclose(K.eval(gx), 2 * r[:, None] * yv[None, :], rtol=1e-5)
+    np.testing.assert_allclose(K.eval(gy), 2 * xv.T @ r, rtol=1e-5)

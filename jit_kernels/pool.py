@@ -1,0 +1,192 @@
+"""Max and average pooling on channels_last NumPy arrays, forward and backward.
+
+Inputs are (N, *spatial, C) with spatial rank 1, 2 or 3; windows, strides and
+'valid' / 'same' padding follow TensorFlow (see :mod:`jit_kernels.conv`).
+Padded positions never take part: max pooling ignores them and average
+pooling divides by the number of input elements inside the window, as
+TensorFlow does.  Like the convolution kernels, every Numba kernel works on
+5-D (N, D, H, W, C) views, so one compiled kernel serves every rank.
+
+Max-pooling gradient: each window sends its gradient to the first position
+holding the maximum, in row-major order over the window (depth, then rows,
+then columns); windows that overlap add up.  A NaN in a window is not
+treated specially (it is skipped unless it comes first).
+"""
+
+import numba
+import numpy as np
+from numba import prange
+
+from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch, _out_shape, geometry
+
+
+@numba.njit(**_JIT)
+def _window(o, stride, pad, kernel, size):
+    """First and one-past-last input index of window ``o``, clipped to the input."""
+    start = o * stride - pad
+    return max(start, 0), min(start + kernel, size)
+
+
+@numba.njit(parallel=True, **_JIT)
+def _max_pool(x, y, kernel, stride, pad):
+    _, size_d, size_h, size_w, channels = x.shape
+    _, od, oh, ow, _ = y.shape
+    for line in prange(y.shape[0] * od * oh):
+        n = line // (od * oh)
+        z = line // oh % od
+        yo = line % oh
+        z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
+        y0, y1 = _window(yo, stride[1], pad[1], kernel[1], size_h)
+        for xo in range(ow):
+            x0, x1 = _window(xo, stride[2], pad[2], kernel[2], size_w)
+            target = y[n, z, yo, xo]
+            target[:] = -np.inf
+            for iz in range(z0, z1):
+                for iy in range(y0, y1):
+                    for ix in range(x0, x1):
+                        source = x[n, iz, iy, ix]
+                        for ch in range(channels):
+                            target[ch] = max(target[ch], source[ch])
+
+
+@numba.njit(parallel=True, **_JIT)
+def _max_pool_backward(x, dy, dx, kernel, stride, pad):
+    """Scatter dy to each window's first maximum; parallel over images,
+    since windows of one image may overlap."""
+    _, size_d, size_h, size_w, channels = x.shape
+    _, od, oh, ow, _ = dy.shape
+    for n in prange(x.shape[0]):
+        dx[n] = 0
+        best = np.empty(channels, x.dtype)
+        where = np.empty((channels, 3), np.int64)
+        for z in range(od):
+            z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
+            for yo in range(oh):
+                y0, y1 = _window(yo, stride[1], pad[1], kernel[1], size_h)
+                for xo in range(ow):
+                    x0, x1 = _window(xo, stride[2], pad[2], kernel[2], size_w)
+                    best[:] = -np.inf
+                    where[:, 0] = z0
+                    where[:, 1] = y0
+                    where[:, 2] = x0
+                    for iz in range(z0, z1):
+                        for iy in range(y0, y1):
+                            for ix in range(x0, x1):
+                                source = x[n, iz, iy, ix]
+                                for ch in range(channels):
+                                    if source[ch] > best[ch]:
+                                        best[ch] = source[ch]
+                                        where[ch, 0] = iz
+                                        where[ch, 1] = iy
+                                        where[ch, 2] = ix
+                    grad = dy[n, z, yo, xo]
+                    for ch in range(channels):
+                        dx[n, where[ch, 0], where[ch, 1], where[ch, 2], ch] += grad[ch]
+
+
+@numba.njit(parallel=True, **_JIT)
+def _avg_pool(x, y, kernel, stride, pad):
+    _, size_d, size_h, size_w, channels = x.shape
+    _, od, oh, ow, _ = y.shape
+    for line in prange(y.shape[0] * od * oh):
+        n = line // (od * oh)
+        z = line // oh % od
+        yo = line % oh
+        z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
+        y0, y1 = _window(yo, stride[1], pad[1], kernel[1], size_h)
+        for xo in range(ow):
+            x0, x1 = _window(xo, stride[2], pad[2], kernel[2], size_w)
+            target = y[n, z, yo, xo]
+            target[:] = 0
+            for iz in range(z0, z1):
+                for iy in range(y0, y1):
+                    for ix in range(x0, x1):
+                        source = x[n, iz, iy, ix]
+                        for ch in range(channels):
+                            target[ch] += source[ch]
+            scale = 1.0 / ((z1 - z0) * (y1 - y0) * (x1 - x0))
+            for ch in range(channels):
+                target[ch] *= scale
+
+
+@numba.njit(parallel=True, **_JIT)
+def _avg_pool_backward(dy, dx, kernel, stride, pad):
+    """Scatter dy / window count to each window; parallel over images."""
+    _, size_d, size_h, size_w, channels = dx.shape
+    _, od, oh, ow, _ = dy.shape
+    for n in prange(dx.shape[0]):
+        dx[n] = 0
+        for z in range(od):
+            z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
+            for yo in range(oh):
+                y0, y1 = _window(yo, stride[1], pad[1], kernel[1], size_h)
+                for xo in range(ow):
+                    x0, x1 = _window(xo, stride[2], pad[2], kernel[2], size_w)
+                    scale = 1.0 / ((z1 - z0) * (y1 - y0) * (x1 - x0))
+                    grad = dy[n, z, yo, xo]
+                    for iz in range(z0, z1):
+                        for iy in range(y0, y1):
+                            for ix in range(x0, x1):
+                                target = dx[n, iz, iy, ix]
+                                for ch in range(channels):
+                                    target[ch] += grad[ch] * scale
+
+
+def _pool_geometry(x_shape, pool_size, strides, padding):
+    rank = len(x_shape) - 2
+    if isinstance(pool_size, (int, np.integer)):
+        pool_size = (int(pool_size),) * rank
+    if strides is None:
+        strides = pool_size
+    if padding not in ('valid', 'same'):
+        raise ValueError(f"pooling padding must be 'valid' or 'same', got {padding!r}")
+    return geometry(tuple(x_shape[1:-1]), tuple(pool_size), strides, padding, 1)
+
+
+def _check_gradient(g, dy, x_shape, what):
+    expected = _out_shape(g, x_shape[0], x_shape[-1])
+    if dy.shape != expected:
+        raise ValueError(f'{what}: gradient {dy.shape} does not match the pooled shape '
+                         f'{expected}')
+
+
+def max_pool_forward(x, pool_size, strides=None, padding='valid'):
+    """Max pooling of x (N, *spatial, C); ``strides`` defaults to ``pool_size``."""
+    (x,) = _float_arrays(x)
+    g = _pool_geometry(x.shape, pool_size, strides, padding)
+    y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
+    _launch(_max_pool, x.size, _as_5d(x, g), _as_5d_out(y, g), g.kernel, g.stride, g.pad)
+    return y
+
+
+def max_pool_backward(dy, x, pool_size, strides=None, padding='valid'):
+    """Gradient of :func:`max_pool_forward` with respect to x: each window's
+    gradient goes to its first maximum (row-major order in the window)."""
+    x, dy = _float_arrays(x, dy)
+    g = _pool_geometry(x.shape, pool_size, strides, padding)
+    _check_gradient(g, dy, x.shape, 'max_pool_backward')
+    dx = np.empty_like(x)
+    _launch(_max_pool_backward, x.size, _as_5d(x, g), _as_5d_out(dy, g), _as_5d(dx, g),
+            g.kernel, g.stride, g.pad)
+    return dx
+
+
+def avg_pool_forward(x, pool_size, strides=None, padding='valid'):
+    """Average pooling of x (N, *spatial, C) over the input elements of each window."""
+    (x,) = _float_arrays(x)
+    g = _pool_geometry(x.shape, pool_size, strides, padding)
+    y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
+    _launch(_avg_pool, x.size, _as_5d(x, g), _as_5d_out(y, g), g.kernel, g.stride, g.pad)
+    return y
+
+
+def avg_pool_backward(dy, x_shape, pool_size, strides=None, padding='valid'):
+    """Gradient of :func:`avg_pool_forward` with respect to its input of shape ``x_shape``."""
+    (dy,) = _float_arrays(dy)
+    x_shape = tuple(int(s) for s in x_shape)
+    g = _pool_geometry(x_shape, pool_size, strides, padding)
+    _check_gradient(g, dy, x_shape, 'avg_pool_backward')
+    dx = np.empty(x_shape, dy.dtype)
+    _launch(_avg_pool_backward, dx.size, _as_5d_out(dy, g), _as_5d(dx, g), g.kernel, g.stride,
+            g.pad)
+    return dx

@@ -1,0 +1,324 @@
+"""jit_kernels.conv against brute-force NumPy definitions.
+
+Forward kernels are compared with explicit loops over output positions and
+kernel taps.  Backward kernels are checked as the adjoints of those
+brute-force forward maps: for a linear map A, <dy, A x> == <A^T dy, x> for
+random x and dy.  Arrays are tiny and dtypes few, so each Numba kernel
+compiles only once or twice.
+"""
+
+import numpy as np
+import pytest
+
+from jit_kernels import conv
+
+RNG = np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def all_threads(monkeypatch):
+    """Run every kernel on all threads, however small the arrays, so that the
+    tests see the parallel loops (the serial fallback is the same code)."""
+    monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 0)
+
+
+def random(shape, dtype=np.float64):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def inner(a, b):
+    return float(np.sum(np.asarray(a, np.float64) * np.asarray(b, np.float64)))
+
+
+def axis_padding(size, k, stride, dilation, padding):
+    """(output size, padding before) written out from TensorFlow's rules."""
+    span = (k - 1) * dilation + 1
+    if padding == 'valid':
+        return (size - span) // stride + 1, 0
+    if padding == 'causal':
+        return (size - 1) // stride + 1, span - 1
+    out = -(-size // stride)
+    return out, max((out - 1) * stride + span - size, 0) // 2
+
+
+def windows(spatial, kernel, strides, dilation, padding):
+    """Yield (output index, tap index, input index) for every tap that lands
+    inside the input."""
+    rank = len(spatial)
+    strides = strides if isinstance(strides, tuple) else (strides,) * rank
+    dilation = dilation if isinstance(dilation, tuple) else (dilation,) * rank
+    out, pad = zip(*(axis_padding(*a, padding) for a in zip(spatial, kernel, strides, dilation)))
+    for o in np.ndindex(*out):
+        for t in np.ndindex(*kernel):
+            i = tuple(o[a] * strides[a] + t[a] * dilation[a] - pad[a] for a in range(rank))
+            if all(0 <= i[a] < spatial[a] for a in range(rank)):
+                yield o, t, i
+
+
+def out_spatial(spatial, kernel, strides, dilation, padding):
+    rank = len(spatial)
+    strides = strides if isinstance(strides, tuple) else (strides,) * rank
+    dilation = dilation if isinstance(dilation, tuple) else (dilation,) * rank
+    return tuple(axis_padding(*a, padding)[0]
+                 for a in zip(spatial, kernel, strides, dilation))
+
+
+def reference_conv(x, w, strides, padding, dilation):
+    spatial, kernel = x.shape[1:-1], w.shape[:-2]
+    y = np.zeros((x.shape[0],) + out_spatial(spatial, kernel, strides, dilation, padding)
+                 + (w.shape[-1],))
+    for o, t, i in windows(spatial, kernel, strides, dilation, padding):
+        y[(slice(None),) + o] += x[(slice(None),) + i] @ w[t]
+    return y
+
+
+def reference_conv_transpose(x, w, output_shape, strides, padding, dilation):
+    """Scatter form: every input position adds x @ w[t].T at o*stride + t*dilation - pad."""
+    y = np.zeros(output_shape)
+    for o, t, i in windows(output_shape[1:-1], w.shape[:-2], strides, dilation, padding):
+        y[(slice(None),) + i] += x[(slice(None),) + o] @ w[t].T
+    return y
+
+
+def reference_depthwise(x, w, strides, padding, dilation):
+    spatial, kernel = x.shape[1:-1], w.shape[:-2]
+    channels, mult = w.shape[-2:]
+    y = np.zeros((x.shape[0],) + out_spatial(spatial, kernel, strides, dilation, padding)
+                 + (channels * mult,))
+    for o, t, i in windows(spatial, kernel, strides, dilation, padding):
+        product = x[(slice(None),) + i][:, :, None] * w[t][None]
+        y[(slice(None),) + o] += product.reshape(x.shape[0], -1)
+    return y
+
+
+# (input shape, kernel shape, strides, padding, dilation): ranks 1-3, odd
+# sizes, both paddings (and causal), several strides and dilations, in_ch=1;
+# 1x1 stride-1 kernels take the plain matmul, the rest im2col.
+CONV_CASES = [
+    ((2, 11, 3), (3, 3, 4), 1, 'valid', 1),
+    ((2, 11, 3), (3, 3, 4), 2, 'same', 1),
+    ((2, 10, 3), (3, 3, 2), 3, 'causal', 2),
+    ((1, 9, 5), (4, 5, 3), 1, 'same', 2),
+    ((2, 7, 9, 3), (3, 3, 3, 4), 1, 'valid', 1),
+    ((2, 7, 9, 3), (3, 2, 3, 4), (2, 1), 'same', (1, 2)),
+    ((2, 8, 7, 2), (2, 3, 2, 3), (3, 2), 'same', 1),
+    ((1, 9, 7, 6), (3, 3, 6, 5), 2, 'valid', (2, 1)),
+    ((2, 7, 9, 1), (3, 3, 1, 4), 1, 'same', 1),
+    ((2, 9, 11, 1), (3, 5, 1, 3), (2, 1), 'valid', (1, 2)),
+    ((2, 5, 7, 3), (1, 1, 3, 4), 1, 'same', 1),
+    ((2, 7, 5, 3), (1, 1, 3, 4), 2, 'valid', 1),
+    ((2, 5, 6, 7, 2), (2, 3, 2, 2, 3), 2, 'same', 1),
+    ((1, 5, 5, 6, 3), (3, 2, 3, 3, 2), 1, 'valid', (1, 2, 1)),
+]
+
+
+@pytest.mark.parametrize('x_shape, w_shape, strides, padding, dilation', CONV_CASES)
+def test_conv(x_shape, w_shape, strides, padding, dilation):
+    x, w = random(x_shape), random(w_shape)
+    y = conv.conv_forward(x, w, strides, padding, dilation)
+    expected = reference_conv(x, w, strides, padding, dilation)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+    dy = random(expected.shape)
+    dx = conv.conv_backward_input(dy, w, x_shape, strides, padding, dilation)
+    dw = conv.conv_backward_kernel(x, dy, w_shape, strides, padding, dilation)
+    assert dx.shape == x_shape and dw.shape == w_shape
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-11)
+
+
+def test_conv_backward_matches_jacobian_columns():
+    """The adjoint identity for every unit vector: dx is exactly the transpose
+    of the brute-force map applied to dy (a small 2-D strided 'same' case)."""
+    x_shape, w = (1, 5, 4, 2), random((3, 3, 2, 2))
+    dy = random((1, 3, 2, 2))
+    dx = conv.conv_backward_input(dy, w, x_shape, 2, 'same', 1)
+    for index in np.ndindex(*x_shape):
+        unit = np.zeros(x_shape)
+        unit[index] = 1
+        assert dx[index] == pytest.approx(inner(dy, reference_conv(unit, w, 2, 'same', 1)),
+                                          abs=1e-12)
+
+
+def test_conv_batch_chunks(monkeypatch):
+    """Several im2col chunks (one image each) give the same results as one."""
+    x, w = random((3, 6, 7, 4)), random((3, 3, 4, 5))
+    expected = reference_conv(x, w, 1, 'same', 1)
+    dy = random(expected.shape)
+    whole = (conv.conv_backward_input(dy, w, x.shape, 1, 'same'),
+             conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'))
+    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)
+    np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'), expected, rtol=1e-12,
+                               atol=1e-12)
+    np.testing.assert_allclose(conv.conv_backward_input(dy, w, x.shape, 1, 'same'), whole[0],
+                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'), whole[1],
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('kernel', [(3, 3), (1, 1)])
+def test_conv_float32(kernel):
+    """float32 in, float32 out, through im2col and through the 1x1 matmul."""
+    x, w = random((2, 9, 8, 3), np.float32), random(kernel + (3, 8), np.float32)
+    y = conv.conv_forward(x, w, 1, 'same')
+    assert y.dtype == np.float32
+    expected = reference_conv(x, w, 1, 'same', 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    dy = random(y.shape, np.float32)
+    dx = conv.conv_backward_input(dy, w, x.shape, 1, 'same')
+    dw = conv.conv_backward_kernel(x, dy, w.shape, 1, 'same')
+    assert dx.dtype == dw.dtype == np.float32
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-4)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-4)
+
+
+def test_conv_output_shape():
+    assert conv.conv_output_shape((28, 28), (3, 3)) == (26, 26)
+    assert conv.conv_output_shape((7, 8), (3, 3), 2, 'same') == (4, 4)
+    assert conv.conv_output_shape((10,), (3,), 1, 'causal', 4) == (10,)
+    assert conv.conv_output_shape((9, 9, 9), (3, 3, 3), 1, 'valid', 2) == (5, 5, 5)
+    g = conv.geometry((7, 8), (3, 3), 2, 'same')
+    assert g.pad == (0, 1, 0)  # 7: total 2 -> 1 before; 8: total 1 -> 0 before
+
+
+@pytest.mark.parametrize('call, message', [
+    (lambda: conv.conv_forward(np.zeros((1, 5, 5, 2)), np.zeros((3, 3, 3, 4))), 'match'),
+    (lambda: conv.conv_forward(np.zeros((1, 2, 5, 2)), np.zeros((3, 3, 2, 4))), 'fit'),
+    (lambda: conv.conv_forward(np.zeros((1, 5, 2)), np.zeros((3, 2, 4)), 1, 'full'),
+     'padding'),
+    (lambda: conv.conv_forward(np.zeros((1, 5, 2)), np.zeros((3, 2, 4)), (1, 1)), 'strides'),
+    (lambda: conv.conv_backward_input(np.zeros((1, 4, 4)), np.zeros((3, 2, 4)), (1, 5, 2)),
+     'gradient'),
+])
+def test_conv_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+# Transposed convolution: (input shape, kernel (*k, out_ch, in_ch), output
+# shape, strides, padding, dilation).  The output shape is one from which the
+# forward convolution gives the input's spatial shape.
+TRANSPOSE_CASES = [
+    ((2, 4, 5, 3), (3, 3, 2, 3), (2, 8, 9, 2), 2, 'same', 1),
+    ((2, 4, 3, 3), (3, 2, 2, 3), (2, 10, 8, 2), (2, 3), 'valid', 1),
+    ((1, 5, 4, 2), (3, 3, 3, 2), (1, 9, 8, 3), 1, 'valid', 2),
+    ((1, 3, 2, 3, 2), (2, 3, 2, 3, 2), (1, 6, 4, 5, 3), 2, 'same', 1),
+]
+
+
+@pytest.mark.parametrize('x_shape, w_shape, output_shape, strides, padding, dilation',
+                         TRANSPOSE_CASES)
+def test_conv_transpose(x_shape, w_shape, output_shape, strides, padding, dilation):
+    x, w = random(x_shape), random(w_shape)
+    y = conv.conv_transpose_forward(x, w, (None,) + output_shape[1:], strides, padding, dilation)
+    expected = reference_conv_transpose(x, w, output_shape, strides, padding, dilation)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+    dy = random(output_shape)
+    dx = conv.conv_transpose_backward_input(dy, w, strides, padding, dilation)
+    dw = conv.conv_transpose_backward_kernel(x, dy, w_shape, strides, padding, dilation)
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-11)
+
+
+def test_conv_transpose_rejects_mismatched_output_shape():
+    with pytest.raises(ValueError, match='gradient spatial shape'):
+        conv.conv_transpose_forward(np.zeros((1, 4, 4, 3)), np.zeros((3, 3, 2, 3)),
+                                    (1, 10, 8, 2), 2, 'same')
+
+
+DEPTHWISE_CASES = [
+    ((2, 11, 3), (3, 3, 2), 2, 'same', 1),
+    ((2, 7, 9, 3), (3, 3, 3, 1), 1, 'valid', 1),
+    ((2, 8, 7, 2), (3, 2, 2, 3), (2, 1), 'same', (1, 2)),
+    ((1, 9, 9, 4), (3, 3, 4, 2), 2, 'valid', 2),
+    ((1, 4, 5, 6, 2), (2, 3, 2, 2, 2), (1, 2, 1), 'same', 1),
+]
+
+
+@pytest.mark.parametrize('x_shape, w_shape, strides, padding, dilation', DEPTHWISE_CASES)
+def test_depthwise_conv(x_shape, w_shape, strides, padding, dilation):
+    x, w = random(x_shape), random(w_shape)
+    y = conv.depthwise_conv_forward(x, w, strides, padding, dilation)
+    expected = reference_depthwise(x, w, strides, padding, dilation)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+    dy = random(expected.shape)
+    dx = conv.depthwise_conv_backward_input(dy, w, x_shape, strides, padding, dilation)
+    dw = conv.depthwise_conv_backward_kernel(x, dy, w_shape, strides, padding, dilation)
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-11)
+
+
+def test_depthwise_conv_float32():
+    x, w = random((2, 7, 6, 3), np.float32), random((3, 3, 3, 2), np.float32)
+    y = conv.depthwise_conv_forward(x, w, 1, 'same')
+    assert y.dtype == np.float32
+    expected = reference_depthwise(x, w, 1, 'same', 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    dy = random(y.shape, np.float32)
+    dx = conv.depthwise_conv_backward_input(dy, w, x.shape, 1, 'same')
+    dw = conv.depthwise_conv_backward_kernel(x, dy, w.shape, 1, 'same')
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-4)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-4)
+
+
+def test_separable_conv():
+    x = random((2, 7, 8, 3))
+    depthwise, pointwise = random((3, 3, 3, 2)), random((1, 1, 6, 4))
+    y = conv.separable_conv_forward(x, depthwise, pointwise, 2, 'same', 1)
+    expected = reference_conv(reference_depthwise(x, depthwise, 2, 'same', 1), pointwise,
+                              1, 'valid', 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def reference_local_conv(x, w, kernel_size, strides, feature_order):
+    """Keras 2.2.5's local_conv1d/2d: flatten each 'valid' window (channels
+    innermost for channels_last kernels, outermost for channels_first ones)
+    and multiply it by that output position's own kernel."""
+    rank = x.ndim - 2
+    strides = strides if isinstance(strides, tuple) else (strides,) * rank
+    out = out_spatial(x.shape[1:-1], kernel_size, strides, (1,) * rank, 'valid')
+    y = np.zeros((x.shape[0],) + out + (w.shape[-1],))
+    for position, o in enumerate(np.ndindex(*out)):
+        window = tuple(slice(o[a] * strides[a], o[a] * strides[a] + kernel_size[a])
+                       for a in range(rank))
+        patch = x[(slice(None),) + window]
+        if feature_order == 'channels_first':
+            patch = np.moveaxis(patch, -1, 1)
+        y[(slice(None),) + o] = patch.reshape(x.shape[0], -1) @ w[position]
+    return y
+
+
+LOCAL_CASES = [
+    ((2, 9, 3), (3,), 2, 'channels_last'),
+    ((2, 8, 2), (2,), 1, 'channels_last'),
+    ((2, 7, 6, 3), (3, 2), (2, 1), 'channels_last'),
+    ((2, 7, 6, 3), (2, 3), (1, 2), 'channels_first'),
+]
+
+
+@pytest.mark.parametrize('x_shape, kernel_size, strides, feature_order', LOCAL_CASES)
+def test_local_conv(x_shape, kernel_size, strides, feature_order):
+    x = random(x_shape)
+    rank = len(kernel_size)
+    stride_tuple = strides if isinstance(strides, tuple) else (strides,) * rank
+    out = out_spatial(x_shape[1:-1], kernel_size, stride_tuple, (1,) * rank, 'valid')
+    w_shape = (int(np.prod(out)), int(np.prod(kernel_size)) * x_shape[-1], 4)
+    w = random(w_shape)
+    y = conv.local_conv_forward(x, w, kernel_size, strides, feature_order)
+    expected = reference_local_conv(x, w, kernel_size, strides, feature_order)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+    dy = random(expected.shape)
+    dx = conv.local_conv_backward_input(dy, w, x_shape, kernel_size, strides, feature_order)
+    dw = conv.local_conv_backward_kernel(x, dy, kernel_size, strides, feature_order)
+    assert dw.shape == w_shape
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+    np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-11)
+
+
+def test_local_conv_rejects_wrong_kernel():
+    with pytest.raises(ValueError, match='expected'):
+        conv.local_conv_forward(np.zeros((1, 9, 3)), np.zeros((4, 8, 2)), (3,), 2)
+

@@ -67,9 +67,22 @@ def _depends_on(order, targets):
 
 
 def _fit(g, x):
-    """The gradient g made to match x: broadcasting summed out, dtype cast."""
+    """The gradient g made to match x: broadcasting summed out, dtype cast.
+
+    Where the static shapes tell which axes were broadcast, the sums are
+    ordinary reductions (which fuse when the axes are trailing); otherwise
+    the axes are found at run time."""
     if g.shape != x.shape:
-        g = apply("sum_to", g, x)
+        lead = g.ndim - x.ndim
+        tail = g.shape[lead:]
+        if lead >= 0 and all(d is not None or t is None for d, t in zip(x.shape, tail)):
+            axes = [lead + i for i, (d, t) in enumerate(zip(x.shape, tail)) if d == 1 and t != 1]
+            if axes:
+                g = apply("sum", g, axis=axes, keepdims=True)
+            if lead:
+                g = apply("sum", g, axis=tuple(range(lead)))
+        else:
+            g = apply("sum_to", g, x)
     if g.dtype != x.dtype:
         g = apply("cast", g, dtype=x.dtype)
     return g

@@ -108,13 +108,13 @@ def evaluate(node, arrays):
 
 class Group:
     """Element-wise members computed over one domain, ending in reductions over
-    its trailing ``k`` axes; ``root`` is the member whose value leaves the group."""
+    its trailing ``k`` axes; ``outputs`` are the members whose values leave it."""
 
     def __init__(self, root, domain, k):
-        self.root = root
         self.domain = domain
         self.k = k
         self.members = [root]
+        self.outputs = [root]
 
     def known_size(self):
         if any(d is None for d in self.domain):
@@ -131,42 +131,81 @@ def _fusible_dtype(dtype):
 
 
 def partition(order, targets):
-    """Assign nodes to fused groups (reverse topological order) and library steps."""
+    """Assign element-wise and reduce nodes to fused groups, in reverse topological
+    order: a node joins a group of one of its consumers when the shapes allow and no
+    cycle between steps results; it is an output of that group when something outside
+    it also needs the value.  Returns {node id: unit}, a unit being a Group or, for a
+    library step, the node itself."""
     users = {}
     for node in order:
         for inp in node.inputs:
             users.setdefault(inp.id, []).append(node)
     target_ids = {t.id for t in targets}
-    group_of = {}
-    groups = []
+    unit_of = {}
     for node in reversed(order):
         if node.op in LEAVES:
             continue
         op = OPS[node.op]
         if op.kind == "library":
+            unit_of[node.id] = node
             continue
         consumers = users.get(node.id, [])
-        if node.id not in target_ids and consumers:
-            cgroups = {id(group_of.get(c.id)) for c in consumers}
-            g = group_of.get(consumers[0].id)
-            if len(cgroups) == 1 and g is not None and _can_join(g, node):
-                if op.kind == "reduce":
-                    g.k = len(node.attrs["axis"])
-                g.members.append(node)
-                group_of[node.id] = g
-                continue
+        candidates = []
+        for c in consumers:
+            g = unit_of.get(c.id)
+            if isinstance(g, Group) and all(g is not x for x in candidates):
+                candidates.append(g)
+        joined = None
+        for g in candidates:
+            outside = [c for c in consumers if unit_of.get(c.id) is not g]
+            if _can_join(g, node) and not _feeds(outside, g, unit_of):
+                joined = g
+                break
+        if joined is not None:
+            if op.kind == "reduce":
+                joined.k = len(node.attrs["axis"])
+            joined.members.append(node)
+            if node.id in target_ids or len(outside) > 0:
+                joined.outputs.append(node)
+            unit_of[node.id] = joined
+            continue
         if op.kind == "reduce":
             x = node.inputs[0]
             if not _trailing_axes(node.attrs["axis"], x.ndim) or not _fusible_dtype(x.dtype):
-                continue  # a library step: NumPy's reduction
+                unit_of[node.id] = node  # a library step: NumPy's reduction
+                continue
             g = Group(node, x.shape, len(node.attrs["axis"]))
         else:
             g = Group(node, node.shape, 0)
-        group_of[node.id] = g
-        groups.append(g)
-    for g in groups:
+        unit_of[node.id] = g
+    for g in {id(u): u for u in unit_of.values() if isinstance(u, Group)}.values():
         g.members.reverse()  # topological order
-    return groups, group_of
+    return unit_of
+
+
+def _unit_members(unit):
+    return unit.members if isinstance(unit, Group) else [unit]
+
+
+def _feeds(nodes, group, unit_of):
+    """Would the group depend on the steps holding ``nodes``?  (Joining would then make
+    a cycle between steps.)  Only already-assigned, downstream steps can be involved."""
+    if not nodes:
+        return False
+    bad = {id(unit_of[n.id]) for n in nodes if n.id in unit_of}
+    seen, stack = {id(group)}, [group]
+    while stack:
+        unit = stack.pop()
+        for m in _unit_members(unit):
+            for i in m.inputs:
+                u = unit_of.get(i.id)
+                if u is None or id(u) in seen:
+                    continue
+                if id(u) in bad:
+                    return True
+                seen.add(id(u))
+                stack.append(u)
+    return False
 
 
 def _can_join(g, node):
@@ -237,11 +276,11 @@ def layout(group, inputs):
 class Step:
     """One line of the plan, for explain()."""
 
-    def __init__(self, kind, label, nodes, out, kernel=None):
+    def __init__(self, kind, label, nodes, outputs, kernel=None):
         self.kind = kind
         self.label = label
         self.nodes = nodes
-        self.out = out
+        self.outputs = outputs
         self.kernel = kernel
 
 
@@ -254,67 +293,89 @@ class Plan:
         self.targets = targets
         order = toposort(targets)
         self.order = order
-        groups, group_of = partition(order, targets)
+        unit_of = partition(order, targets)
         self.steps = []
         self.kernels = []
-        self._build(order, groups, group_of)
+        self._build(self._schedule(targets, unit_of), unit_of)
 
-    def _build(self, order, groups, group_of):
-        names = {}
+    @staticmethod
+    def _schedule(targets, unit_of):
+        """The steps in an order where each runs after the steps it reads from."""
+        schedule, done = [], set()
+        stack = [(unit_of[t.id], False) for t in reversed(targets) if t.id in unit_of]
+        while stack:
+            unit, expanded = stack.pop()
+            if expanded:
+                if id(unit) not in done:
+                    done.add(id(unit))
+                    schedule.append(unit)
+                continue
+            if id(unit) in done:
+                continue
+            stack.append((unit, True))
+            for m in _unit_members(unit):
+                for i in m.inputs:
+                    u = unit_of.get(i.id)
+                    if u is not None and u is not unit and id(u) not in done:
+                        stack.append((u, False))
+        return schedule
+
+    def _build(self, schedule, unit_of):
         ns = {"np": np, "_PAR": PARALLEL_MIN_SIZE, "_bshape": _broadcast_runtime}
         lines = []
+        names = {}
+        fresh = {}
         counter = [0]
 
-        def fresh_name(prefix):
+        def new_name(prefix):
             counter[0] += 1
             return f"{prefix}{counter[0]}"
+
+        def value_of(node):
+            """The plan's name for a value, reading leaves on first use."""
+            if node.id in names:
+                return names[node.id]
+            if node.op == "constant":
+                name = new_name("c")
+                ns[name] = node.value
+            elif node.op == "variable":
+                holder = new_name("V")
+                ns[holder] = node
+                name = new_name("v")
+                lines.append(f"{name} = {holder}.value")
+            elif node.op == "placeholder":
+                raise ValueError(f"function: the outputs depend on placeholder {node.name!r}, "
+                                 "which is not among the inputs")
+            else:
+                raise AssertionError(f"{node!r} used before the step computing it")
+            names[node.id] = name
+            fresh[node.id] = False
+            return name
 
         args = []
         for i, ph in enumerate(self.placeholders):
             names[ph.id] = f"p{i}"
+            fresh[ph.id] = False
             args.append(f"p{i}")
-        fresh = {}
-        for node in order:
-            if node.id in names:
+        for unit in schedule:
+            if isinstance(unit, Group):
+                self._emit_group(unit, value_of, names, ns, lines, new_name)
+                for out in unit.outputs:
+                    fresh[out.id] = True
                 continue
-            if node.op == "constant":
-                name = fresh_name("c")
-                ns[name] = node.value
-                names[node.id] = name
-                fresh[node.id] = False
-                continue
-            if node.op == "variable":
-                vname = fresh_name("V")
-                ns[vname] = node
-                name = fresh_name("v")
-                lines.append(f"{name} = {vname}.value")
-                names[node.id] = name
-                fresh[node.id] = False
-                continue
-            if node.op == "placeholder":
-                raise ValueError(f"function: the outputs depend on placeholder {node.name!r}, "
-                                 "which is not among the inputs")
-            g = group_of.get(node.id)
-            if g is None:
-                fname = fresh_name("L")
-                ns[fname] = functools.partial(evaluate, node)
-                name = fresh_name("v")
-                call_args = ", ".join(names[i.id] for i in node.inputs)
-                lines.append(f"{name} = {fname}([{call_args}])")
-                names[node.id] = name
-                fresh[node.id] = node.op not in _VIEW_OPS or (node.op in _VIEW_OPS and fresh.get(node.inputs[0].id, False))
-                self.steps.append(Step("library", node.op, [node], node))
-                continue
-            if node is not g.root:
-                continue  # a group is emitted at its root, after all its inputs
-            self._emit_group(g, names, ns, lines, fresh_name)
-            fresh[g.root.id] = True
+            node = unit
+            call = ", ".join(value_of(i) for i in node.inputs)
+            fname, name = new_name("L"), new_name("v")
+            ns[fname] = functools.partial(evaluate, node)
+            lines.append(f"{name} = {fname}([{call}])")
+            names[node.id] = name
+            # a view of a leaf is not the caller's to keep
+            fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)
+            self.steps.append(Step("library", node.op, [node], [node]))
         outs = []
         for t in self.targets:
-            if not fresh.get(t.id, False):
-                outs.append(f"np.array({names[t.id]})")  # the caller owns what it gets
-            else:
-                outs.append(names[t.id])
+            name = value_of(t)
+            outs.append(name if fresh.get(t.id, False) else f"np.array({name})")  # the caller owns it
         source = [f"def plan({', '.join(args)}):"]
         source += ["    " + line for line in lines]
         source.append("    return (" + "".join(o + ", " for o in outs) + ")")
@@ -323,31 +384,39 @@ class Plan:
         self.run = ns["plan"]
         self.namespace = ns
 
-    def _emit_group(self, g, names, ns, lines, fresh_name):
+    def _emit_group(self, g, value_of, names, ns, lines, new_name):
         members = {m.id: j for j, m in enumerate(g.members)}
         inputs = []
         for m in g.members:
             for i in m.inputs:
                 if i.id not in members and all(i is not x for x in inputs):
                     inputs.append(i)
-        out_name = fresh_name("v")
-        names[g.root.id] = out_name
+        in_names = [value_of(i) for i in inputs]
+        out_names = [new_name("v") for _ in g.outputs]
+        for node, name in zip(g.outputs, out_names):
+            names[node.id] = name
+        targets = "(" + "".join(n + ", " for n in out_names) + ")"
+        fallback = new_name("G")
+        ns[fallback] = _numpy_group(g, inputs)
         size = g.known_size()
-        in_names = [names[i.id] for i in inputs]
-        if size is not None and size <= NUMPY_MAX_SIZE or any(
-                not _fusible_dtype(x.dtype) for x in list(inputs) + g.members):
-            self._emit_numpy_group(g, inputs, in_names, out_name, ns, lines, fresh_name)
+        if (size is not None and size <= NUMPY_MAX_SIZE) or any(
+                not _fusible_dtype(x.dtype) for x in inputs + g.members):
+            lines.append(f"{targets} = {fallback}({', '.join(in_names)})")
+            self.steps.append(Step("numpy", "numpy", list(g.members), list(g.outputs)))
             return
         split, patterns, flat = layout(g, inputs)
+        kernel_args = list(in_names)
         if any(p is None for p in patterns):
-            dom = fresh_name("d")
+            # an input that broadcasts along both rows and columns: materialise it
+            dom = new_name("d")
             lines.append(f"{dom} = _bshape({', '.join(in_names)})")
             for i, p in enumerate(patterns):
                 if p is None:
-                    lines.append(f"{in_names[i]}b = np.ascontiguousarray(np.broadcast_to({in_names[i]}, {dom}))")
-                    in_names[i] = in_names[i] + "b"
+                    wide = new_name("w")
+                    lines.append(f"{wide} = np.ascontiguousarray(np.broadcast_to({in_names[i]}, {dom}))")
+                    kernel_args[i] = wide
                     patterns[i] = "F"
-            split, patterns, flat = layout_with(g, inputs, patterns, split)
+            flat = g.k == 0 and all(p in ("F", "S") for p in patterns)
         spec_inputs = [(p, len(t.shape), t.dtype) for p, t in zip(patterns, inputs)]
         spec_nodes = []
         for m in g.members:
@@ -359,69 +428,57 @@ class Plan:
             else:
                 ct = op.compute_dtype(m.inputs, m.attrs)
             spec_nodes.append((m.op, m.attrs, refs, ct, m.dtype))
-        root = g.root
-        kind = "reduced" if OPS[root.op].kind == "reduce" else "full"
-        keepdims = root.attrs.get("keepdims", False) if kind == "reduced" else False
+        spec_outputs = []
+        for out in g.outputs:
+            if OPS[out.op].kind == "reduce":
+                spec_outputs.append((members[out.id], "reduced", out.attrs["keepdims"]))
+            else:
+                spec_outputs.append((members[out.id], "full", False))
         spec = codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
-                                  [(members[root.id], kind, keepdims)])
-        source = codegen.generate_source(spec)
-        module = codegen.load_kernel(source)
-        kname = fresh_name("K")
+                                  spec_outputs)
+        module = codegen.load_kernel(codegen.generate_source(spec))
+        kname = new_name("K")
         ns[kname] = module
         self.kernels.append(module)
         call_args = []
-        for name, p, t in zip(in_names, patterns, inputs):
-            if p == "S":
-                if t.op == "constant":
-                    sname = fresh_name("s")
-                    ns[sname] = t.value.reshape(-1)[0]
-                    call_args.append(sname)
-                else:
-                    call_args.append(f"{name}.reshape(-1)[0]")
+        for name, p, t in zip(kernel_args, patterns, inputs):
+            if p == "S" and t.op == "constant":
+                scalar = new_name("s")
+                ns[scalar] = t.value.reshape(-1)[0]
+                call_args.append(scalar)
+            elif p == "S":
+                call_args.append(f"{name}.reshape(-1)[0]")
             else:
                 call_args.append(name)
-        size_expr = _size_expr(in_names, patterns)
         arglist = ", ".join(call_args)
-        fallback = fresh_name("G")
-        ns[fallback] = _numpy_group(g, inputs)
         lines.append("try:")
-        lines.append(f"    if {size_expr} >= _PAR:")
-        lines.append(f"        ({out_name},) = {kname}.kernel_par({arglist})")
+        lines.append(f"    if {_size_expr(kernel_args, patterns)} >= _PAR:")
+        lines.append(f"        {targets} = {kname}.kernel_par({arglist})")
         lines.append("    else:")
-        lines.append(f"        ({out_name},) = {kname}.kernel_ser({arglist})")
+        lines.append(f"        {targets} = {kname}.kernel_ser({arglist})")
         lines.append("except ValueError:  # run-time shapes broadcast unlike the static ones")
-        lines.append(f"    {out_name} = {fallback}({', '.join(names[t.id] for t in inputs)})")
-        self.steps.append(Step("kernel", f"fused[{module.KEY[:8]}]", list(g.members), root, module))
-
-    def _emit_numpy_group(self, g, inputs, in_names, out_name, ns, lines, fresh_name):
-        fname = fresh_name("G")
-        ns[fname] = _numpy_group(g, inputs)
-        lines.append(f"{out_name} = {fname}({', '.join(in_names)})")
-        self.steps.append(Step("numpy", "numpy", list(g.members), g.root))
+        lines.append(f"    {targets} = {fallback}({', '.join(in_names)})")
+        self.steps.append(Step("kernel", f"fused[{module.KEY[:8]}]", list(g.members),
+                               list(g.outputs), module))
 
     def explain(self):
-        """One line per step: the kernel, the graph ops it runs, the output shape."""
+        """One line per step: the kernel, the graph ops it runs, its outputs' shapes."""
         out = []
         for i, step in enumerate(self.steps):
             ops = " -> ".join(n.op for n in step.nodes)
-            out.append(f"{i:3d}  {step.kind:8s} {step.label:18s} {ops}  "
-                       f"out={format_shape(step.out.shape)} {step.out.dtype}")
+            shapes = ", ".join(f"{format_shape(o.shape)} {o.dtype}" for o in step.outputs)
+            out.append(f"{i:3d}  {step.kind:8s} {step.label:18s} {ops}  out={shapes}")
         return "\n".join(out)
 
 
 def _numpy_group(g, inputs):
-    """A callable evaluating a group node by node with NumPy."""
+    """A callable evaluating a group node by node with NumPy; returns its outputs."""
     def run(*arrays):
         values = {t.id: a for t, a in zip(inputs, arrays)}
         for m in g.members:
             values[m.id] = evaluate(m, [values[i.id] for i in m.inputs])
-        return values[g.root.id]
+        return tuple(values[o.id] for o in g.outputs)
     return run
-
-
-def layout_with(g, inputs, patterns, split):
-    flat = g.k == 0 and all(p in ("F", "S") for p in patterns)
-    return split, patterns, flat
 
 
 def _index(seq, item):

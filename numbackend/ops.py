@@ -185,7 +185,8 @@ def elementwise(name, arity, template, impl, out="promote", grad=None):
 
     out: 'promote' (NumPy promotion of the operands), 'float' (promotion, then
     integers and booleans become floatx), 'bool' (comparisons: operands are
-    compared in their promoted type), 'cast' (the dtype attribute).
+    compared in their promoted type), 'cast' (the dtype attribute), 'first' (the
+    first operand's dtype).
     """
     def infer(inputs, attrs):
         if len(inputs) != arity:
@@ -196,6 +197,8 @@ def elementwise(name, arity, template, impl, out="promote", grad=None):
     def output_dtype(inputs, attrs):
         if out == "cast":
             return attrs["dtype"]
+        if out == "first":
+            return inputs[0].dtype
         promoted = _promote(inputs)
         if out == "float":
             return _float_of(promoted)
@@ -204,7 +207,7 @@ def elementwise(name, arity, template, impl, out="promote", grad=None):
         return promoted
 
     def compute_dtype(inputs, attrs):
-        if out == "cast":
+        if out in ("cast", "first"):
             return inputs[0].dtype
         promoted = _promote(inputs)
         return _float_of(promoted) if out == "float" else promoted
@@ -287,6 +290,10 @@ elementwise("where", 3, "({1} if {0} else {2})", np.where,
             grad=lambda g, n: [None,
                                _a("where", n.inputs[0], g, _a("multiply", g, 0)),
                                _a("where", n.inputs[0], _a("multiply", g, 0), g)])
+# x broadcast to the shape of x and like together; like only lends its shape.
+elementwise("broadcast_like", 2, "{0}",
+            lambda x, like: np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape)), out="first",
+            grad=lambda g, n: [g, None])
 elementwise("negative", 1, "(-{0})", np.negative, grad=lambda g, n: [_a("negative", g)])
 elementwise("abs", 1, "abs({0})", np.abs,
             grad=lambda g, n: [_a("multiply", g, _a("sign", n.inputs[0]))])
@@ -425,26 +432,43 @@ def _dot_infer(inputs, attrs):
     if x.ndim == 0 or y.ndim == 0:
         raise ValueError(f"dot: operands must have rank >= 1, got shapes {format_shape(x.shape)} "
                          f"and {format_shape(y.shape)}")
-    k_x = x.shape[-1]
-    k_y = y.shape[-2] if y.ndim >= 2 else y.shape[0]
+    xs, ys = x.shape, y.shape
+    # transpose_a/transpose_b (2-D operands only) let gradients use BLAS's transposed
+    # products instead of copying a transpose first
+    if attrs.get("transpose_a") or attrs.get("transpose_b"):
+        if x.ndim != 2 or y.ndim != 2:
+            raise ValueError("dot: transpose_a/transpose_b need 2-D operands")
+        xs = xs[::-1] if attrs.get("transpose_a") else xs
+        ys = ys[::-1] if attrs.get("transpose_b") else ys
+    k_x = xs[-1]
+    k_y = ys[-2] if len(ys) >= 2 else ys[0]
     if k_x is not None and k_y is not None and k_x != k_y:
         raise ValueError(f"dot: cannot contract shapes {format_shape(x.shape)} and "
                          f"{format_shape(y.shape)} ({k_x} != {k_y})")
-    shape = x.shape[:-1] + (y.shape[:-2] + y.shape[-1:] if y.ndim >= 2 else ())
+    shape = xs[:-1] + (ys[:-2] + ys[-1:] if len(ys) >= 2 else ())
     return shape, _promote(inputs)
+
+
+def _dot(x, y, transpose_a=False, transpose_b=False):
+    return np.dot(x.T if transpose_a else x, y.T if transpose_b else y)
 
 
 def _dot_grad(g, n):
     x, y = n.inputs
+    ta, tb = n.attrs.get("transpose_a", False), n.attrs.get("transpose_b", False)
     if x.ndim == 2 and y.ndim == 2:
-        return [apply("dot", g, apply("transpose", y, axes=(1, 0))),
-                apply("dot", apply("transpose", x, axes=(1, 0)), g)]
+        if not ta and not tb:      # out = x y
+            return [apply("dot", g, y, transpose_b=True), apply("dot", x, g, transpose_a=True)]
+        if not ta:                 # out = x y'
+            return [apply("dot", g, y), apply("dot", g, x, transpose_a=True)]
+        if not tb:                 # out = x' y
+            return [apply("dot", y, g, transpose_b=True), apply("dot", x, g)]
+        return [apply("dot", y, g, transpose_a=True, transpose_b=True),   # out = x' y'
+                apply("dot", g, x, transpose_a=True, transpose_b=True)]
     if y.ndim == 2:  # (..., k) . (k, n): flatten the leading axes of x
         x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
         g2 = apply("reshape", g, shape=(-1, y.shape[-1] if y.shape[-1] is not None else -1))
-        gx = apply("dot", g, apply("transpose", y, axes=(1, 0)))
-        gy = apply("dot", apply("transpose", x2, axes=(1, 0)), g2)
-        return [gx, gy]
+        return [apply("dot", g, y, transpose_b=True), apply("dot", x2, g2, transpose_a=True)]
     if y.ndim == 1:  # (..., k) . (k,) -> (...): an outer product back
         gx = apply("multiply", apply("reshape", g, shape=tuple(-1 if d is None else d for d in g.shape) + (1,)), y)
         x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
@@ -454,7 +478,7 @@ def _dot_grad(g, n):
                               "gradient rule; math.dot rewrites it on 2-D products")
 
 
-library("dot", _dot_infer, lambda x, y: np.dot(x, y), grad=_dot_grad)
+library("dot", _dot_infer, _dot, grad=_dot_grad)
 
 
 def _matmul_infer(inputs, attrs):
@@ -521,16 +545,6 @@ library("reshape", _reshape_infer, lambda x, shape: x.reshape(shape),
 library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
         lambda x, like: x.reshape(like.shape),
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
-
-
-def _broadcast_like_infer(inputs, attrs):
-    x, like = inputs
-    return broadcast_shapes("broadcast", x.shape, like.shape), x.dtype
-
-
-library("broadcast_like", _broadcast_like_infer,
-        lambda x, like: contiguous(np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape))),
-        grad=lambda g, n: [apply("sum_to", g, n.inputs[0]), None])
 
 
 def sum_to_shape(g, shape):

@@ -25,12 +25,13 @@ def _fmt(seconds):
 
 
 def _report(title, fn, reference, inputs, repeat):
+    """Run a compiled function (single output) and its NumPy reference; print the plan and times."""
     print(f"\n== {title}")
     start = time.perf_counter()
-    got = fn(inputs)
+    got = fn(inputs)[0]
     first = time.perf_counter() - start
     want = reference(*inputs)
-    error = float(np.max(np.abs(np.asarray(got) - want)))
+    error = float(np.max(np.abs(got - want)))
     print(fn.explain())
     ours = _median_time(lambda: fn(inputs), repeat)
     numpy_time = _median_time(lambda: reference(*inputs), repeat)
@@ -52,7 +53,7 @@ def demo():
     def w1_numpy(a, b, c):
         return np.tanh(a * b + c) * (1 / (1 + np.exp(-(a - c)))) + f32(0.5) * b * b
 
-    _report("W1 fused element-wise chain, 1024x4096 float32", lambda xs: w1(xs)[0], w1_numpy, data, 20)
+    _report("W1 fused element-wise chain, 1024x4096 float32", w1, w1_numpy, data, 20)
 
     # W3: MLP 784-512(relu)-512(relu)-10(softmax)
     sizes = [784, 512, 512, 10]
@@ -78,7 +79,7 @@ def demo():
 
     for batch, repeat in ((1, 2000), (256, 100)):
         xs = [rng.standard_normal((batch, 784)).astype(f32)]
-        _report(f"W3 MLP 784-512-512-10, batch {batch}", lambda xs: mlp(xs)[0], mlp_numpy, xs, repeat)
+        _report(f"W3 MLP 784-512-512-10, batch {batch}", mlp, mlp_numpy, xs, repeat)
 
     import numba
     print(f"\nNumba {numba.__version__}, threading layer {numba.threading_layer()}, "

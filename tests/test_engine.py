@@ -309,3 +309,15 @@ def test_dot_with_vector_right_operand_has_a_gradient():
     r = xv @ yv
     np.testing.assert_allclose(K.eval(gx), 2 * r[:, None] * yv[None, :], rtol=1e-5)
     np.testing.assert_allclose(K.eval(gy), 2 * xv.T @ r, rtol=1e-5)
+
+
+def test_debug_levels_print_the_plan_and_sources(monkeypatch, capsys):
+    a = K.placeholder((None, 3))
+    monkeypatch.setenv("NUMBACKEND_DEBUG", "1")
+    K.function([a], [a * 5.0 - 2.0])
+    level1 = capsys.readouterr().out
+    assert "fused[" in level1 and "multiply -> subtract" in level1 and "def kernel_par" not in level1
+    monkeypatch.setenv("NUMBACKEND_DEBUG", "2")
+    K.function([a], [a * 5.0 - 2.0])
+    level2 = capsys.readouterr().out
+    assert "def plan(" in level2 and "def kernel_par" in level2

@@ -17,9 +17,11 @@ RNG = np.random.default_rng(1234)
 
 @pytest.fixture(autouse=True)
 def all_threads(monkeypatch):
-    """Run every kernel on all threads, however small the arrays, so that the
-    tests see the parallel loops (the serial fallback is the same code)."""
+    """Run every kernel on all threads and take Winograd where it applies,
+    however small the arrays, so that the tests see those paths (the serial
+    fallback is the same code)."""
     monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 0)
+    monkeypatch.setattr(conv, '_WINOGRAD_MIN_TILES', 0)
 
 
 def random(shape, dtype=np.float64):
@@ -92,8 +94,10 @@ def reference_depthwise(x, w, strides, padding, dilation):
 
 
 # (input shape, kernel shape, strides, padding, dilation): ranks 1-3, odd
-# sizes, both paddings (and causal), several strides and dilations, in_ch=1;
-# 1x1 stride-1 kernels take the plain matmul, the rest im2col.
+# sizes, both paddings (and causal), several strides and dilations, in_ch=1.
+# 1x1 stride-1 kernels take the plain matmul; 3x3 stride-1 kernels with 8 or
+# more input channels (output channels for the input gradient) Winograd; the
+# rest im2col.
 CONV_CASES = [
     ((2, 11, 3), (3, 3, 4), 1, 'valid', 1),
     ((2, 11, 3), (3, 3, 4), 2, 'same', 1),
@@ -107,7 +111,10 @@ CONV_CASES = [
     ((2, 9, 11, 1), (3, 5, 1, 3), (2, 1), 'valid', (1, 2)),
     ((2, 5, 7, 3), (1, 1, 3, 4), 1, 'same', 1),
     ((2, 7, 5, 3), (1, 1, 3, 4), 2, 'valid', 1),
+    ((2, 7, 9, 8), (3, 3, 8, 5), 1, 'same', 1),
+    ((2, 8, 7, 8), (3, 3, 8, 9), 1, 'valid', 1),
     ((2, 5, 6, 7, 2), (2, 3, 2, 2, 3), 2, 'same', 1),
+    ((1, 3, 6, 5, 8), (1, 3, 3, 8, 4), 1, 'same', 1),
     ((1, 5, 5, 6, 3), (3, 2, 3, 3, 2), 1, 'valid', (1, 2, 1)),
 ]
 
@@ -140,9 +147,11 @@ def test_conv_backward_matches_jacobian_columns():
                                           abs=1e-12)
 
 
-def test_conv_batch_chunks(monkeypatch):
-    """Several im2col chunks (one image each) give the same results as one."""
-    x, w = random((3, 6, 7, 4)), random((3, 3, 4, 5))
+@pytest.mark.parametrize('channels', [4, 8])
+def test_conv_batch_chunks(monkeypatch, channels):
+    """Several im2col or Winograd chunks (one image each) give the same
+    results as one."""
+    x, w = random((3, 6, 7, channels)), random((3, 3, channels, 8))
     expected = reference_conv(x, w, 1, 'same', 1)
     dy = random(expected.shape)
     whole = (conv.conv_backward_input(dy, w, x.shape, 1, 'same'),
@@ -156,10 +165,11 @@ def test_conv_batch_chunks(monkeypatch):
                                rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('kernel', [(3, 3), (1, 1)])
-def test_conv_float32(kernel):
-    """float32 in, float32 out, through im2col and through the 1x1 matmul."""
-    x, w = random((2, 9, 8, 3), np.float32), random(kernel + (3, 8), np.float32)
+@pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 8)])
+def test_conv_float32(kernel, channels):
+    """float32 in, float32 out, through im2col, the 1x1 matmul and Winograd."""
+    x = random((2, 9, 8, channels), np.float32)
+    w = random(kernel + (channels, 8), np.float32)
     y = conv.conv_forward(x, w, 1, 'same')
     assert y.dtype == np.float32
     expected = reference_conv(x, w, 1, 'same', 1)

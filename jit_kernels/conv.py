@@ -399,7 +399,16 @@ def _patches(x5, g):
 def _fill_columns(patches, first, cols):
     """Copy the patches of images first, ... into cols (their rows, taps*C)."""
     images = cols.shape[0] // int(np.prod(patches.shape[1:4]))
-    np.copyto(cols.reshape((images,) + patches.shape[1:]), patches[first:first + images])
+    target = cols.reshape((images,) + patches.shape[1:])
+    source = patches[first:first + images]
+    if patches.shape[-1] > 1:
+        np.copyto(target, source)
+        return
+    # With one channel, copying a tap at a time (runs along the output rows)
+    # measured 4x faster than the whole view (runs of kw values).
+    for tap in np.ndindex(*patches.shape[4:7]):
+        index = (slice(None),) * 4 + tap
+        target[index] = source[index]
 
 
 def _add_columns(cols, first, dx5, g):

@@ -37,7 +37,7 @@ def workloads():
     w2b = (rng.standard_normal((256, 1024)).astype(F32), rng.standard_normal((1024, 1024)).astype(F32),
            rng.standard_normal(1024).astype(F32))
     sizes = [784, 512, 512, 10]
-    mlp = [(rng.standard_normal((m, n)).astype(F32) / np.sqrt(m), rng.standard_normal(n).astype(F32))
+    mlp = [(rng.standard_normal((m, n)).astype(F32) / F32(np.sqrt(m)), rng.standard_normal(n).astype(F32))
            for m, n in itertools.pairwise(sizes)]
     return w1, w2a, w2b, mlp, {b: rng.standard_normal((b, 784)).astype(F32) for b in (1, 256)}
 

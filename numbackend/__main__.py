@@ -57,7 +57,7 @@ def demo():
 
     # W3: MLP 784-512(relu)-512(relu)-10(softmax)
     sizes = [784, 512, 512, 10]
-    weights = [(rng.standard_normal((m, n)).astype(f32) / np.sqrt(m), rng.standard_normal(n).astype(f32) * f32(0.1))
+    weights = [(rng.standard_normal((m, n)).astype(f32) / f32(np.sqrt(m)), rng.standard_normal(n).astype(f32) * f32(0.1))
                for m, n in itertools.pairwise(sizes)]
     x = K.placeholder((None, 784), name="x")
     h = x

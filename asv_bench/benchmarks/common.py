@@ -51,7 +51,7 @@ def softmax_numpy(x):
 def mlp_weights():
     r = rng()
     sizes = [784, 512, 512, 10]
-    return [(r.standard_normal((m, n)).astype(F32) / np.sqrt(m), r.standard_normal(n).astype(F32))
+    return [(r.standard_normal((m, n)).astype(F32) / F32(np.sqrt(m)), r.standard_normal(n).astype(F32))
             for m, n in itertools.pairwise(sizes)]
 
 

@@ -1,36 +1,33 @@
-"""Row reductions for fused kernels: sum, max, min, prod, any, all over a 1-D array.
+"""Row reductions for fused kernels: sum, max, min, prod, any, all over x[:n].
 
-Floating-point sums do not vectorise unless the compiler may reassociate, and
-reassociation (fastmath) must not leak into the inlined math of the caller, so
-the reductions keep eight partial accumulators by hand: LLVM packs them into
-one vector register, and the result is deterministic.
+A floating-point reduction vectorises only when the compiler may reorder it,
+so each loop that accumulates floats is compiled with reassociation allowed.
+These functions are called, never inlined, so the flags stay here and cannot
+reach the exactly-rounded math of the kernels that call them.  The result of
+a vectorised sum is deterministic for a given machine; it differs from a
+sequential sum by rounding only.  max/min ignore NaN in their fast loop and
+then look for NaN separately, so a NaN anywhere still gives NaN (as np.max).
 """
 import numba
 import numpy as np
 
-_jit = numba.njit(cache=True, error_model="numpy", nogil=True)
+_exact = numba.njit(cache=True, error_model="numpy", nogil=True)
+_reordered = numba.njit(cache=True, error_model="numpy", nogil=True,
+                        fastmath={"reassoc", "nsz", "contract"})
+_reordered_nonan = numba.njit(cache=True, error_model="numpy", nogil=True,
+                              fastmath={"reassoc", "nsz", "contract", "nnan"})
 
 
-@_jit
+@_reordered
 def row_sum(x, n):
-    """sum(x[:n]) with eight partial sums."""
-    s0 = s1 = s2 = s3 = s4 = s5 = s6 = s7 = x.dtype.type(0)
-    n8 = n - n % 8
-    for i in range(0, n8, 8):
-        s0 += x[i]
-        s1 += x[i + 1]
-        s2 += x[i + 2]
-        s3 += x[i + 3]
-        s4 += x[i + 4]
-        s5 += x[i + 5]
-        s6 += x[i + 6]
-        s7 += x[i + 7]
-    for i in range(n8, n):
-        s0 += x[i]
-    return ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7))
+    """sum(x[:n])."""
+    s = x.dtype.type(0)
+    for i in range(n):
+        s += x[i]
+    return s
 
 
-@_jit
+@_reordered
 def row_prod(x, n):
     """prod(x[:n])."""
     p = x.dtype.type(1)
@@ -39,53 +36,47 @@ def row_prod(x, n):
     return p
 
 
-@_jit
+@_exact
+def _has_nan(x, n):
+    found = False
+    for i in range(n):
+        found |= x[i] != x[i]
+    return found
+
+
+@_reordered_nonan
+def _max_ignoring_nan(x, n):
+    m = x.dtype.type(-np.inf)
+    for i in range(n):
+        m = x[i] if x[i] > m else m  # noqa: FURB136 - a select vectorises; Numba's max() does not
+    return m
+
+
+@_reordered_nonan
+def _min_ignoring_nan(x, n):
+    m = x.dtype.type(np.inf)
+    for i in range(n):
+        m = x[i] if x[i] < m else m  # noqa: FURB136 - a select vectorises; Numba's min() does not
+    return m
+
+
+@_exact
 def row_max(x, n):
     """max(x[:n]); NaN if any element is NaN (like np.max); -inf when n == 0."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = -np.inf
-    nan = False
-    n8 = n - n % 8
-    for i in range(0, n8, 8):
-        m0 = max(m0, x[i])
-        m1 = max(m1, x[i + 1])
-        m2 = max(m2, x[i + 2])
-        m3 = max(m3, x[i + 3])
-        m4 = max(m4, x[i + 4])
-        m5 = max(m5, x[i + 5])
-        m6 = max(m6, x[i + 6])
-        m7 = max(m7, x[i + 7])
-    for i in range(n8, n):
-        m0 = max(m0, x[i])
-    for i in range(n):
-        nan |= x[i] != x[i]
-    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-    return x.dtype.type(np.nan) if nan else x.dtype.type(m)
+    if _has_nan(x, n):
+        return x.dtype.type(np.nan)
+    return _max_ignoring_nan(x, n)
 
 
-@_jit
+@_exact
 def row_min(x, n):
     """min(x[:n]); NaN if any element is NaN (like np.min); inf when n == 0."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = np.inf
-    nan = False
-    n8 = n - n % 8
-    for i in range(0, n8, 8):
-        m0 = min(m0, x[i])
-        m1 = min(m1, x[i + 1])
-        m2 = min(m2, x[i + 2])
-        m3 = min(m3, x[i + 3])
-        m4 = min(m4, x[i + 4])
-        m5 = min(m5, x[i + 5])
-        m6 = min(m6, x[i + 6])
-        m7 = min(m7, x[i + 7])
-    for i in range(n8, n):
-        m0 = min(m0, x[i])
-    for i in range(n):
-        nan |= x[i] != x[i]
-    m = min(min(min(m0, m1), min(m2, m3)), min(min(m4, m5), min(m6, m7)))
-    return x.dtype.type(np.nan) if nan else x.dtype.type(m)
+    if _has_nan(x, n):
+        return x.dtype.type(np.nan)
+    return _min_ignoring_nan(x, n)
 
 
-@_jit
+@_exact
 def row_any(x, n):
     """True if any of x[:n] is non-zero."""
     found = False
@@ -94,14 +85,10 @@ def row_any(x, n):
     return found
 
 
-@_jit
+@_exact
 def row_all(x, n):
     """True if all of x[:n] are non-zero."""
     ok = True
     for i in range(n):
         ok &= x[i] != 0
     return ok
-
-
-ROW_REDUCERS = {"sum": row_sum, "mean": row_sum, "prod": row_prod, "max": row_max,
-                "min": row_min, "any": row_any, "all": row_all}

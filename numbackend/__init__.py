@@ -4,6 +4,13 @@
 with ``KERAS_BACKEND=numbackend``.  Keras 1 code can use ``numbackend.keras1``.
 Numba itself is imported only when a function is first compiled.
 """
+import os as _os
+
+# Numba's OpenMP workers must sleep, not spin, between kernels: spinning threads
+# fight OpenBLAS's for the cores, and a matrix product next to a fused kernel
+# then runs several times slower.  Set before Numba starts its threads.
+_os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from . import keras_compat as _keras_compat
 
 _keras_compat.apply()

@@ -27,7 +27,7 @@ import numpy as np
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -117,8 +117,11 @@ def generate_source(spec):
         emit("from jit_kernels import reduce as rd")
     emit("")
     emit(f"MISMATCH = {_MISMATCH!r}")
-    for variant, decorator, loop in (("par", "njit(parallel=True, error_model='numpy', cache=True)", "prange"),
-                                     ("ser", "njit(error_model='numpy', cache=True)", "range")):
+    # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
+    # no other fast-math flag, which would break vmath's rounding and special cases.
+    flags = "error_model='numpy', fastmath={'contract'}, cache=True"
+    for variant, decorator, loop in (("par", f"njit(parallel=True, {flags})", "prange"),
+                                     ("ser", f"njit({flags})", "range")):
         emit("")
         emit(f"@{decorator}")
         emit(f"def kernel_{variant}({args}):")

@@ -6,10 +6,9 @@ conv kernels ``(*kernel_spatial, in_ch, out_ch)``, depthwise kernels
 spatial rank 1, 2 or 3.  Convolution is cross-correlation (no kernel flip).
 
 How the work is split: a convolution is im2col (NumPy's strided copy of
-the input windows) or a Winograd transform (Numba), then matrix products
-through NumPy's BLAS (``np.matmul`` called from Python, because ``np.dot``
-inside ``njit`` needs SciPy at run time); its input gradient gathers columns
-back with a Numba kernel.  Depthwise convolution, which has no matrix product
+the input windows) and a matrix product through NumPy's BLAS (``np.matmul``
+called from Python, because ``np.dot`` inside ``njit`` needs SciPy at run
+time); its input gradient gathers columns back with a Numba kernel.  Depthwise convolution, which has no matrix product
 worth the name, is a direct Numba loop.  Everything works on five-dimensional
 arrays ``(N, D, H, W, C)``: rank 1 and 2 inputs get leading singleton spatial
 axes (kernel size 1, stride 1, no padding there), so one kernel serves every
@@ -30,8 +29,7 @@ from numba import prange
 
 _JIT = {'cache': True, 'error_model': 'numpy', 'nogil': True}
 
-# im2col (and Winograd) work on batch chunks whose buffers stay about this
-# size: it bounds the extra memory a large batch needs, and measured 3-8 MB
+# im2col works on batch chunks whose column buffer stays about this size: it bounds the extra memory a large batch needs, and measured 3-8 MB
 # chunks are as fast as one batch-sized buffer or slightly faster; smaller
 # ones pay for more switches between Numba and BLAS.
 _COLUMN_CHUNK_BYTES = 8 << 20
@@ -315,64 +313,6 @@ def _depthwise_backward_kernel(x, dy, dw, stride, dilation, pad):
                                 target[ch, m] += source[ch] * grad[ch * mult + m]
 
 
-@numba.njit(**_JIT)
-def _bt(d0, d1, d2, d3):
-    """B^T d for one column of four values, B^T = [[1, 0, -1, 0], [0, 1, 1, 0],
-    [0, -1, 1, 0], [0, 1, 0, -1]]."""
-    return d0 - d2, d1 + d2, d2 - d1, d1 - d3
-
-
-@numba.njit(**_JIT)
-def _at(m0, m1, m2, m3):
-    """A^T m for one column of four values, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]."""
-    return m0 + m1 + m2, m1 - m2 - m3
-
-
-@numba.njit(parallel=True, **_JIT)
-def _winograd_input(x, v, tiles_h, tiles_w):
-    """v[4*i + j, tile, c] = (B^T d B)[i, j] for the 4x4 tile d at (2*ti, 2*tj)
-    of x (N, H, W, C), which covers every tile (padding already applied)."""
-    channels = x.shape[3]
-    for line in prange(x.shape[0] * tiles_h):
-        n = line // tiles_h
-        y0 = 2 * (line % tiles_h)
-        r0, r1, r2, r3 = x[n, y0], x[n, y0 + 1], x[n, y0 + 2], x[n, y0 + 3]
-        for tj in range(tiles_w):
-            tile = line * tiles_w + tj
-            x0 = 2 * tj
-            for c in range(channels):
-                col0 = _bt(r0[x0, c], r1[x0, c], r2[x0, c], r3[x0, c])
-                col1 = _bt(r0[x0 + 1, c], r1[x0 + 1, c], r2[x0 + 1, c], r3[x0 + 1, c])
-                col2 = _bt(r0[x0 + 2, c], r1[x0 + 2, c], r2[x0 + 2, c], r3[x0 + 2, c])
-                col3 = _bt(r0[x0 + 3, c], r1[x0 + 3, c], r2[x0 + 3, c], r3[x0 + 3, c])
-                for i in range(4):
-                    row = _bt(col0[i], col1[i], col2[i], col3[i])
-                    for j in range(4):
-                        v[4 * i + j, tile, c] = row[j]
-
-
-@numba.njit(parallel=True, **_JIT)
-def _winograd_output(m, y, tiles_h, tiles_w):
-    """The 2x2 tile at (2*ti, 2*tj) of y (N, 2*tiles_h, 2*tiles_w, OC) is
-    A^T M A for M = m[:, tile, o]."""
-    out_ch = y.shape[3]
-    for line in prange(y.shape[0] * tiles_h):
-        n = line // tiles_h
-        top, bottom = y[n, 2 * (line % tiles_h)], y[n, 2 * (line % tiles_h) + 1]
-        for tj in range(tiles_w):
-            tile = line * tiles_w + tj
-            x0 = 2 * tj
-            for o in range(out_ch):
-                col0 = _at(m[0, tile, o], m[4, tile, o], m[8, tile, o], m[12, tile, o])
-                col1 = _at(m[1, tile, o], m[5, tile, o], m[9, tile, o], m[13, tile, o])
-                col2 = _at(m[2, tile, o], m[6, tile, o], m[10, tile, o], m[14, tile, o])
-                col3 = _at(m[3, tile, o], m[7, tile, o], m[11, tile, o], m[15, tile, o])
-                upper = _at(col0[0], col1[0], col2[0], col3[0])
-                lower = _at(col0[1], col1[1], col2[1], col3[1])
-                top[x0, o], top[x0 + 1, o] = upper
-                bottom[x0, o], bottom[x0 + 1, o] = lower
-
-
 # ---------------------------------------------------------------------------
 # Column-matrix helpers shared by the convolutions.
 
@@ -393,7 +333,11 @@ def _patches(x5, g):
     strides = (x5.strides[:1] + tuple(s * k for s, k in zip(spatial, g.stride))
                + tuple(s * d for s, d in zip(spatial, g.dilation)) + x5.strides[4:])
     shape = x5.shape[:1] + g.out + g.kernel + x5.shape[-1:]
-    return np.lib.stride_tricks.as_strided(x5, shape, strides, writeable=False)
+    # np.ndarray over x5's buffer: as_strided does the same in 6x the time,
+    # which shows at batch 1.  x5 is C-contiguous here.
+    view = np.ndarray(shape, x5.dtype, x5, 0, strides)
+    view.flags.writeable = False
+    return view
 
 
 def _fill_columns(patches, first, cols):
@@ -467,106 +411,6 @@ def _columns_transposed_times(x5, g, dy2, patch):
 
 
 # ---------------------------------------------------------------------------
-# Winograd F(2x2, 3x3) (Lavin and Gray, 2016) for 3x3 stride-1 undilated
-# kernels: each 2x2 output tile comes from a 4x4 input tile with 16 products
-# per channel pair instead of 36, as 16 matrix products (tiles, C) @ (C, OC).
-# Measured on mnist_cnn's second layer (26x26x32 -> 24x24x64, 2 cores): at
-# batch 64 11.7 ms against 15.8 ms through im2col; at batch 1 the transforms'
-# fixed costs make it slower (260 us against about 220 us).
-
-# Below this many input channels the 16 thin products (K = C) lose to one
-# im2col product with K = 9*C; below this many tiles the fixed costs do.
-_WINOGRAD_MIN_CHANNELS = 8
-_WINOGRAD_MIN_TILES = 1024
-
-
-def _uses_winograd(g, batch, channels):
-    tiles = batch * g.size[0] * ((g.out[1] + 1) // 2) * ((g.out[2] + 1) // 2)
-    return (g.kernel[1:] == (3, 3) and g.kernel[0] == 1 and g.stride == (1, 1, 1)
-            and g.dilation == (1, 1, 1) and channels >= _WINOGRAD_MIN_CHANNELS
-            and tiles >= _WINOGRAD_MIN_TILES)
-
-
-@numba.njit(**_JIT)
-def _winograd_kernel(w):
-    """G w G^T for each channel pair of a (3, 3, C, OC) kernel, as (16, C, OC),
-    G = [[1, 0, 0], [1/2, 1/2, 1/2], [1/2, -1/2, 1/2], [0, 0, 1]]."""
-    _, _, channels, out_ch = w.shape
-    u = np.empty((16, channels, out_ch), w.dtype)
-    t = np.empty((4, 3, out_ch), w.dtype)
-    for c in range(channels):
-        for b in range(3):
-            for o in range(out_ch):
-                t[0, b, o] = w[0, b, c, o]
-                t[1, b, o] = (w[0, b, c, o] + w[1, b, c, o] + w[2, b, c, o]) * 0.5
-                t[2, b, o] = (w[0, b, c, o] - w[1, b, c, o] + w[2, b, c, o]) * 0.5
-                t[3, b, o] = w[2, b, c, o]
-        for i in range(4):
-            for o in range(out_ch):
-                u[4 * i, c, o] = t[i, 0, o]
-                u[4 * i + 1, c, o] = (t[i, 0, o] + t[i, 1, o] + t[i, 2, o]) * 0.5
-                u[4 * i + 2, c, o] = (t[i, 0, o] - t[i, 1, o] + t[i, 2, o]) * 0.5
-                u[4 * i + 3, c, o] = t[i, 2, o]
-    return u
-
-
-def _winograd_conv(x4, w3, pad_h, pad_w, y4):
-    """y4 (N, OH, OW, OC) = 3x3 correlation of x4 (N, H, W, C) with w3, x4
-    shifted down and right by the padding before; chunked over images like
-    im2col."""
-    u = _winograd_kernel(w3)
-    batch, out_h, out_w, out_ch = y4.shape
-    tiles_h, tiles_w = (out_h + 1) // 2, (out_w + 1) // 2
-    tiles = tiles_h * tiles_w
-    # The kernels see whole tiles only: a zero border for the padding and
-    # for odd output sizes, and an output with even sizes.
-    in_shape = (2 * tiles_h + 2, 2 * tiles_w + 2)
-    padded_in = in_shape != x4.shape[1:3] or pad_h or pad_w
-    padded_out = (2 * tiles_h, 2 * tiles_w) != (out_h, out_w)
-    per_image = 16 * tiles * (x4.shape[-1] + out_ch) * x4.itemsize
-    chunk = max(1, min(batch, _COLUMN_CHUNK_BYTES // per_image))
-    v = np.empty((16, chunk * tiles, x4.shape[-1]), x4.dtype)
-    m = np.empty((16, chunk * tiles, out_ch), x4.dtype)
-    if padded_in:
-        xp = np.zeros((chunk,) + in_shape + x4.shape[-1:], x4.dtype)
-        rows, cols = min(x4.shape[1], in_shape[0] - pad_h), min(x4.shape[2], in_shape[1] - pad_w)
-    if padded_out:
-        yp = np.empty((chunk, 2 * tiles_h, 2 * tiles_w, out_ch), x4.dtype)
-    for first in range(0, batch, chunk):
-        last = min(first + chunk, batch)
-        images = last - first
-        source = x4[first:last]
-        if padded_in:
-            source = xp[:images]
-            source[:, pad_h:pad_h + rows, pad_w:pad_w + cols] = x4[first:last, :rows, :cols]
-        target = yp[:images] if padded_out else y4[first:last]
-        _launch(_winograd_input, v.size, source, v[:, :images * tiles], tiles_h, tiles_w)
-        np.matmul(v[:, :images * tiles], u, out=m[:, :images * tiles])
-        _launch(_winograd_output, m.size, m[:, :images * tiles], target, tiles_h, tiles_w)
-        if padded_out:
-            y4[first:last] = target[:, :out_h, :out_w]
-
-
-def _winograd_forward(x, w, g, y):
-    """conv_forward through Winograd; a 3-D input with a (1, 3, 3) kernel is
-    a batch of 2-D ones."""
-    channels = x.shape[-1]
-    x4 = x.reshape((-1,) + g.size[1:] + (channels,))
-    y4 = y.reshape((-1,) + g.out[1:] + (w.shape[-1],))
-    _winograd_conv(x4, w.reshape((3, 3) + w.shape[-2:]), g.pad[1], g.pad[2], y4)
-
-
-def _winograd_backward_input(dy, w, g, dx):
-    """conv_backward_input through Winograd: with stride 1 the input gradient
-    is the correlation of dy with the flipped, channel-swapped kernel, the
-    padding before becoming 2 - pad."""
-    flipped = np.ascontiguousarray(w.reshape((3, 3) + w.shape[-2:])[::-1, ::-1].swapaxes(2, 3))
-    dy4 = dy.reshape((-1,) + g.out[1:] + (w.shape[-1],))
-    dx4 = dx.reshape((-1,) + g.size[1:] + (w.shape[-2],))
-    _winograd_conv(dy4, flipped, 2 - g.pad[1], 2 - g.pad[2], dx4)
-
-
-# ---------------------------------------------------------------------------
 # Convolution.
 
 def conv_forward(x, w, strides=1, padding='valid', dilation=1):
@@ -581,15 +425,15 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1):
     batch, channels, out_ch = x.shape[0], x.shape[-1], w.shape[-1]
     y = np.empty(_out_shape(g, batch, out_ch), x.dtype)
     w2 = w.reshape(-1, out_ch)
-    # A 1x1 kernel is one product, 3x3 stride-1 kernels with enough channels
-    # go through Winograd, the rest through im2col.  Even with in_ch=1
-    # (mnist_cnn's first layer: 9 values per output) im2col + BLAS measured
-    # faster than a direct Numba loop over output channels (1.9 ms against
-    # 2.8 ms at batch 64, one thread).
+    # A 1x1 kernel is one product, the rest goes through im2col.  Even with
+    # in_ch=1 (mnist_cnn's first layer: 9 values per output) im2col + BLAS
+    # measured faster than a direct Numba loop over output channels (1.9 ms
+    # against 2.8 ms at batch 64, one thread; 0.8 ms since im2col is NumPy's
+    # copy).  Winograd F(2x2, 3x3) gained only 1.1-1.2x on mnist_cnn's second
+    # layer over this im2col, and lost at some batch sizes (its 16 thin
+    # products per chunk), so it is not used.
     if _is_pointwise(g):
         np.matmul(x.reshape(-1, channels), w2, out=y.reshape(-1, out_ch))
-    elif _uses_winograd(g, batch, channels):
-        _winograd_forward(x, w, g, y)
     else:
         _columns_times(_as_5d(x, g), g, w2, y.reshape(-1, out_ch))
     return y
@@ -615,10 +459,7 @@ def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):
     if _is_pointwise(g):
         return np.matmul(dy2, w2t).reshape(x_shape)
     dx = np.empty(x_shape, dy.dtype)
-    if _uses_winograd(g, x_shape[0], out_ch):
-        _winograd_backward_input(dy, w, g, dx)
-    else:
-        _gradient_to_columns(dy2, w2t, g, _as_5d(dx, g))
+    _gradient_to_columns(dy2, w2t, g, _as_5d(dx, g))
     return dx
 
 

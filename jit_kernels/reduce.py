@@ -46,23 +46,27 @@ def _has_nan(x, n):
 
 @_reordered_nonan
 def _max_ignoring_nan(x, n):
-    m = x.dtype.type(-np.inf)
-    for i in range(n):
+    if n == 0:
+        return x.dtype.type(-np.inf)
+    m = x[0]  # not an infinity: integers have none
+    for i in range(1, n):
         m = x[i] if x[i] > m else m  # noqa: FURB136 - a select vectorises; Numba's max() does not
     return m
 
 
 @_reordered_nonan
 def _min_ignoring_nan(x, n):
-    m = x.dtype.type(np.inf)
-    for i in range(n):
+    if n == 0:
+        return x.dtype.type(np.inf)
+    m = x[0]  # not an infinity: integers have none
+    for i in range(1, n):
         m = x[i] if x[i] < m else m  # noqa: FURB136 - a select vectorises; Numba's min() does not
     return m
 
 
 @_exact
 def row_max(x, n):
-    """max(x[:n]); NaN if any element is NaN (like np.max); -inf when n == 0."""
+    """max(x[:n]); NaN if any element is NaN (like np.max); -inf when n == 0 (floats)."""
     if _has_nan(x, n):
         return x.dtype.type(np.nan)
     return _max_ignoring_nan(x, n)
@@ -70,7 +74,7 @@ def row_max(x, n):
 
 @_exact
 def row_min(x, n):
-    """min(x[:n]); NaN if any element is NaN (like np.min); inf when n == 0."""
+    """min(x[:n]); NaN if any element is NaN (like np.min); inf when n == 0 (floats)."""
     if _has_nan(x, n):
         return x.dtype.type(np.nan)
     return _min_ignoring_nan(x, n)

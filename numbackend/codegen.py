@@ -47,7 +47,7 @@ def cache_dir():
         candidates = [os.path.join(base, "numbackend")]
     candidates.append(os.path.join(tempfile.gettempdir(), f"numbackend-{os.getuid()}"))
     for folder in candidates:
-        folder = os.path.join(folder, f"kernels-v{CODEGEN_VERSION}")
+        folder = os.path.join(folder, f"kernels-v{CODEGEN_VERSION}-{_dependency_stamp()}")
         try:
             os.makedirs(folder, exist_ok=True)
             if os.access(folder, os.W_OK):
@@ -55,6 +55,27 @@ def cache_dir():
         except OSError:
             continue
     raise OSError("numbackend: no writable kernel cache folder (set NUMBACKEND_CACHE_DIR)")
+
+
+def _dependency_stamp():
+    """A hash of the jit_kernels sources that generated kernels call.
+
+    Numba's cache checks only a function's own file: a kernel compiled against
+    an older vmath.py or reduce.py would be loaded as it was.  Keying the cache
+    folder by these sources makes a change to them recompile every kernel."""
+    global _stamp
+    if _stamp is None:
+        spec = importlib.util.find_spec("jit_kernels")
+        folder = next(iter(spec.submodule_search_locations))
+        digest = hashlib.sha256()
+        for name in ("vmath.py", "reduce.py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                digest.update(f.read())
+        _stamp = digest.hexdigest()[:12]
+    return _stamp
+
+
+_stamp = None
 
 
 def scalar_type(dtype):

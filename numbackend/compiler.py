@@ -102,6 +102,18 @@ def evaluate(node, arrays):
     return np.asarray(out).astype(node.dtype, copy=False)
 
 
+def library_call(node):
+    """A plan step's callable for a library node: its op's NumPy/BLAS code with the
+    attributes bound, the result in the node's dtype (one call, no dispatch)."""
+    impl = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    dtype = np.dtype(node.dtype)
+
+    def call(*arrays):
+        out = impl(*arrays)
+        return out if getattr(out, "dtype", None) == dtype else np.asarray(out).astype(dtype)
+    return call
+
+
 # ---------------------------------------------------------------------------
 # Partition
 
@@ -366,8 +378,8 @@ class Plan:
             node = unit
             call = ", ".join(value_of(i) for i in node.inputs)
             fname, name = new_name("L"), new_name("v")
-            ns[fname] = functools.partial(evaluate, node)
-            lines.append(f"{name} = {fname}([{call}])")
+            ns[fname] = library_call(node)
+            lines.append(f"{name} = {fname}({call})")
             names[node.id] = name
             # a view of a leaf is not the caller's to keep
             fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)

@@ -321,3 +321,17 @@ def test_debug_levels_print_the_plan_and_sources(monkeypatch, capsys):
     K.function([a], [a * 5.0 - 2.0])
     level2 = capsys.readouterr().out
     assert "def plan(" in level2 and "def kernel_par" in level2
+
+
+def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
+    # Numba's cache checks only a kernel's own file; a kernel compiled against an
+    # older vmath.py or reduce.py must not be loaded (it returned garbage once).
+    import hashlib
+
+    import jit_kernels
+    folder = os.path.dirname(jit_kernels.__file__)
+    digest = hashlib.sha256()
+    for name in ("vmath.py", "reduce.py"):
+        with open(os.path.join(folder, name), "rb") as f:
+            digest.update(f.read())
+    assert codegen.cache_dir().endswith(f"-{digest.hexdigest()[:12]}")

@@ -453,6 +453,17 @@ def _dot(x, y, transpose_a=False, transpose_b=False):
     return np.dot(x.T if transpose_a else x, y.T if transpose_b else y)
 
 
+def _as_matrix(t):
+    """t with its leading axes flattened: (-1, last axis), also when that axis is unknown."""
+    if t.ndim == 2:
+        return t
+    if t.shape[-1] is not None:
+        return apply("reshape", t, shape=(-1, t.shape[-1]))
+    last = apply("getitem", apply("shape", t), key=(-1,))
+    target = apply("stack", Constant(np.asarray(-1, dtype=np.int32)), last, axis=0)
+    return apply("reshape_dynamic", t, target, known=(None, None))
+
+
 def _dot_grad(g, n):
     x, y = n.inputs
     ta, tb = n.attrs.get("transpose_a", False), n.attrs.get("transpose_b", False)
@@ -465,10 +476,10 @@ def _dot_grad(g, n):
             return [apply("dot", y, g, transpose_b=True), apply("dot", x, g)]
         return [apply("dot", y, g, transpose_a=True, transpose_b=True),   # out = x' y'
                 apply("dot", g, x, transpose_a=True, transpose_b=True)]
-    if y.ndim == 2:  # (..., k) . (k, n): flatten the leading axes of x
-        x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
-        g2 = apply("reshape", g, shape=(-1, y.shape[-1] if y.shape[-1] is not None else -1))
-        return [apply("dot", g, y, transpose_b=True), apply("dot", x2, g2, transpose_a=True)]
+    if y.ndim == 2:  # (..., k) . (k, n): flatten the leading axes of x and g
+        x2, g2 = _as_matrix(x), _as_matrix(g)
+        gx = apply("reshape_like", apply("dot", g2, y, transpose_b=True), x)
+        return [gx, apply("dot", x2, g2, transpose_a=True)]
     if y.ndim == 1:  # (..., k) . (k,) -> (...): an outer product back
         gx = apply("multiply", apply("reshape", g, shape=tuple(-1 if d is None else d for d in g.shape) + (1,)), y)
         x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))

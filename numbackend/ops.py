@@ -481,9 +481,8 @@ def _dot_grad(g, n):
         gx = apply("reshape_like", apply("dot", g2, y, transpose_b=True), x)
         return [gx, apply("dot", x2, g2, transpose_a=True)]
     if y.ndim == 1:  # (..., k) . (k,) -> (...): an outer product back
-        gx = apply("multiply", apply("reshape", g, shape=tuple(-1 if d is None else d for d in g.shape) + (1,)), y)
-        x2 = apply("reshape", x, shape=(-1, x.shape[-1] if x.shape[-1] is not None else -1))
-        gy = apply("dot", apply("reshape", g, shape=(-1,)), x2)
+        gx = apply("multiply", apply("getitem", g, key=(Ellipsis, None)), y)
+        gy = apply("dot", apply("reshape", g, shape=(-1,)), _as_matrix(x))
         return [gx, gy]
     raise NotImplementedError("gradients: dot with a right operand of rank 3 or more has no "
                               "gradient rule; math.dot rewrites it on 2-D products")

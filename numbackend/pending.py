@@ -16,11 +16,6 @@ def _missing(name, feature):
 
 _FEATURES = {
     "the RNN scan": ("rnn", "foldl", "foldr", "map_fn"),
-    "convolution": ("conv1d", "conv2d", "conv3d", "conv2d_transpose", "conv3d_transpose",
-                    "deconv2d", "depthwise_conv2d", "separable_conv1d", "separable_conv2d",
-                    "local_conv1d", "local_conv2d"),
-    "pooling": ("pool2d", "pool3d"),
-    "resizing": ("resize_images", "resize_volumes"),
     "CTC": ("ctc_batch_cost", "ctc_decode", "ctc_label_dense_to_sparse"),
 }
 

@@ -43,8 +43,21 @@ def exp(x):
 
 
 def log(x):
-    """Element-wise natural logarithm."""
-    return apply("log", x)
+    """Element-wise natural logarithm.
+
+    The log of a ``softmax`` output is computed from the softmax's input z as
+    ``z - max(z) - log(sum(exp(z - max(z))))``, which stays finite (with finite
+    gradients) where the softmax underflows to 0."""
+    marked = getattr(x, "_softmax_of", None)
+    if marked is None:
+        return apply("log", x)
+    logits, axis = marked
+    if logits.dtype != x.dtype:
+        logits = apply("cast", logits, dtype=x.dtype)
+    peak = apply("stop_gradient", apply("max", logits, axis=axis, keepdims=True))
+    shifted = apply("subtract", logits, peak)
+    total = apply("sum", apply("exp", shifted), axis=axis, keepdims=True)
+    return apply("subtract", shifted, apply("log", total))
 
 
 def round(x):

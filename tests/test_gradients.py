@@ -39,3 +39,18 @@ def test_dot_gradient_with_a_vector_right_operand_and_unknown_dims(x_shape):
     gx, gy = K.function([xt, yt], K.gradients(loss, [xt, yt]))([x, y])
     np.testing.assert_allclose(gx, c[..., None] * y, rtol=1e-12)
     np.testing.assert_allclose(gy, np.tensordot(c, x, axes=c.ndim), rtol=1e-12)
+
+
+def test_log_of_softmax_is_a_log_softmax():
+    """log(softmax(z)) in float32 with logits 200 apart: the softmax underflows to 0, and
+    its log was -inf with nan gradients; it is computed as a log-softmax from z."""
+    z = np.array([[100.0, -100.0, 50.0], [-100.0, 100.0, 0.0]], dtype="float32")
+    zt = K.placeholder((None, 3), dtype="float32")
+    log_p = K.log(K.softmax(zt))
+    (grad,) = K.gradients(K.sum(log_p[:, 0]), [zt])
+    got, got_grad = K.function([zt], [log_p, grad])([z])
+    shifted = z.astype(np.float64) - z.max(axis=-1, keepdims=True)
+    expected = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+    p = np.exp(expected)
+    np.testing.assert_allclose(got_grad, np.eye(3)[[0, 0]] - p, atol=1e-6)

@@ -250,9 +250,12 @@ def binary_crossentropy(target, output, from_logits=False):
         p = _clip(output, eps, 1 - eps)
         logits = apply("log", apply("divide", p, apply("subtract", 1, p)))
     # max(x, 0) - x * z + log(1 + exp(-|x|)): the stable form of TensorFlow's
-    # sigmoid_cross_entropy_with_logits
+    # sigmoid_cross_entropy_with_logits.  -|x| is where(x >= 0, -x, x), whose gradient
+    # at x = 0 matches maximum's (both take the x >= 0 side), so that the gradient there
+    # is sigmoid(0) - z; abs's gradient at 0 is 0, which would give 1 - z.
+    negative_abs = apply("where", apply("greater_equal", logits, 0), apply("negative", logits), logits)
     return apply("add", apply("subtract", apply("maximum", logits, 0), apply("multiply", logits, target)),
-                 apply("log1p", apply("exp", apply("negative", apply("abs", logits)))))
+                 apply("log1p", apply("exp", negative_abs)))
 
 
 # ---------------------------------------------------------------------------

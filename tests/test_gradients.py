@@ -54,3 +54,15 @@ def test_log_of_softmax_is_a_log_softmax():
     np.testing.assert_allclose(got, expected, rtol=1e-6)
     p = np.exp(expected)
     np.testing.assert_allclose(got_grad, np.eye(3)[[0, 0]] - p, atol=1e-6)
+
+
+def test_binary_crossentropy_gradient_at_zero_logits():
+    """At a logit of exactly 0 (a zero-initialised output layer) the gradient is
+    sigmoid(0) - t = 0.5 - t; the stable form's |z| had gradient 0 there, giving 1 - t."""
+    t = np.array([[0.0, 1.0, 0.25], [1.0, 0.0, 0.5]])
+    zt, tt = K.placeholder((None, 3), dtype="float64"), K.placeholder((None, 3), dtype="float64")
+    losses = [K.binary_crossentropy(tt, zt, from_logits=True),
+              K.binary_crossentropy(tt, K.sigmoid(zt))]
+    grads = [K.gradients(K.sum(loss), [zt])[0] for loss in losses]
+    for got in K.function([zt, tt], grads)([np.zeros((2, 3)), t]):
+        np.testing.assert_allclose(got, 0.5 - t, atol=1e-15)

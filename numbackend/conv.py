@@ -18,7 +18,7 @@ import numpy as np
 
 from . import config
 from .graph import Tensor, format_shape
-from .ops import apply, as_tensor
+from .ops import apply, as_tensor, check_sweep
 
 
 def bias_add(x, bias, data_format=None):
@@ -197,9 +197,11 @@ def _conv_transpose(where, rank, x, kernel, output_shape, strides, padding, data
     x, kernel = _input(where, x, rank), _kernel(where, kernel, rank)
     _check_channels(where, x, kernel, data_format, axis=-1)
     static, extra = _output_shape(where, x, output_shape, rank, data_format)
-    y = apply("conv_backward_input", _to_last(x, data_format), kernel, *extra, x_shape=static,
-              strides=_tuple(where, "strides", strides, rank), padding=padding,
-              dilation=_tuple(where, "dilation_rate", dilation_rate, rank))
+    x = _to_last(x, data_format)
+    attrs = {"strides": _tuple(where, "strides", strides, rank), "padding": padding,
+             "dilation": _tuple(where, "dilation_rate", dilation_rate, rank)}
+    check_sweep(where, static, x.shape, kernel.shape[:-2], attrs)
+    y = apply("conv_backward_input", x, kernel, *extra, x_shape=static, **attrs)
     return _from_last(y, data_format)
 
 

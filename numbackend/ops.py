@@ -1218,7 +1218,20 @@ def _out_shape_infer(where, inputs, attrs, channels_of):
                          f"of shape {format_shape(w.shape)} gives {channels_of(w)}")
     if len(inputs) == 2 and any(d is None for d in x_shape[1:]):
         raise ValueError(f"{where}: output shape {x_shape} is not known; pass it as a tensor")
+    check_sweep(where, x_shape, dy.shape, w.shape[:-2], attrs)
     return x_shape, _conv_dtype(inputs[:2])
+
+
+def check_sweep(where, x_shape, y_shape, kernel, attrs):
+    """Raise unless sliding ``kernel`` over ``x_shape`` gives the spatial shape of
+    ``y_shape`` (where both are known): the output shape of a transposed convolution."""
+    swept = _sweep_shape(where, _Shaped(x_shape), kernel, attrs)
+    if any(a is not None and b is not None and a != b for a, b in zip(swept, y_shape[1:-1])):
+        raise ValueError(f"{where}: output shape {format_shape(x_shape)} does not match the input "
+                         f"of shape {format_shape(y_shape)}: a convolution with kernel size "
+                         f"{tuple(kernel)}, strides {attrs['strides']}, {attrs['padding']!r} "
+                         f"padding and dilation {attrs['dilation']} of that shape gives spatial "
+                         f"shape {swept}")
 
 
 # conv: x (N, *s, C), w (*k, C, OC) -> (N, *out, OC); attrs strides, padding, dilation

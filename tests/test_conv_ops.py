@@ -1,0 +1,498 @@
+"""Convolution, pooling and resizing in the graph: each public function against
+direct NumPy loops (cross-correlation, TensorFlow's padding), gradients against
+central finite differences, construction-time errors, and a Keras 2.2.5 CNN."""
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+import numbackend as K
+
+RNG = np.random.default_rng(1234)
+
+
+def rand(*shape):
+    return RNG.standard_normal(shape)
+
+
+def run(fn, *arrays):
+    """fn built on float64 placeholders of the arrays' shapes, run on them."""
+    holders = [K.placeholder(a.shape, dtype="float64") for a in arrays]
+    return K.function(holders, [fn(*holders)])(list(arrays))[0]
+
+
+# ---------------------------------------------------------------------------
+# NumPy references, channels_last, any spatial rank
+
+
+def pad_before(size, k, s, d, padding):
+    span = (k - 1) * d + 1
+    if padding == "valid":
+        return (size - span) // s + 1, 0
+    if padding == "causal":
+        return (size - 1) // s + 1, span - 1
+    out = -(-size // s)
+    return out, max((out - 1) * s + span - size, 0) // 2
+
+
+def windows(x_shape, kernel, strides, padding, dilation):
+    """For every output position: its index and the input index of each tap (or None)."""
+    geo = [pad_before(n, k, s, d, padding)
+           for n, k, s, d in zip(x_shape[1:-1], kernel, strides, dilation)]
+    outs = [g[0] for g in geo]
+    for o in itertools.product(*[range(n) for n in outs]):
+        taps = []
+        for t in itertools.product(*[range(k) for k in kernel]):
+            i = tuple(oo * s + tt * d - g[1] for oo, tt, s, d, g in zip(o, t, strides, dilation, geo))
+            inside = all(0 <= ii < n for ii, n in zip(i, x_shape[1:-1]))
+            taps.append((t, i if inside else None))
+        yield o, taps, outs
+
+
+def ref_conv(x, w, strides, padding, dilation):
+    rank = x.ndim - 2
+    out = None
+    for o, taps, outs in windows(x.shape, w.shape[:rank], strides, padding, dilation):
+        if out is None:
+            out = np.zeros((x.shape[0], *outs, w.shape[-1]))
+        for t, i in taps:
+            if i is not None:
+                out[(slice(None), *o)] += x[(slice(None), *i)] @ w[t]
+    return out
+
+
+def ref_conv_transpose(x, w, out_shape, strides, padding, dilation):
+    """Scatter of each input position through the kernel w (*k, OC, IC)."""
+    rank = x.ndim - 2
+    y = np.zeros(out_shape)
+    for o, taps, _ in windows(out_shape, w.shape[:rank], strides, padding, dilation):
+        for t, i in taps:
+            if i is not None:
+                y[(slice(None), *i)] += x[(slice(None), *o)] @ w[t].T
+    return y
+
+
+def ref_depthwise(x, w, strides, padding, dilation):
+    rank = x.ndim - 2
+    c, m = w.shape[-2:]
+    out = None
+    for o, taps, outs in windows(x.shape, w.shape[:rank], strides, padding, dilation):
+        if out is None:
+            out = np.zeros((x.shape[0], *outs, c * m))
+        for t, i in taps:
+            if i is not None:
+                out[(slice(None), *o)] += (x[(slice(None), *i)][:, :, None] * w[t]).reshape(-1, c * m)
+    return out
+
+
+def ref_pool(x, size, strides, padding, mode):
+    rank = x.ndim - 2
+    out = None
+    for o, taps, outs in windows(x.shape, size, strides, padding, (1,) * rank):
+        if out is None:
+            out = np.zeros((x.shape[0], *outs, x.shape[-1]))
+        vals = np.stack([x[(slice(None), *i)] for _, i in taps if i is not None])
+        out[(slice(None), *o)] = vals.max(0) if mode == "max" else vals.mean(0)
+    return out
+
+
+def ref_bilinear(x, factors):
+    for axis in range(x.ndim - 2, 0, -1):
+        n = x.shape[axis]
+        m = n * factors[axis - 1]
+        pos = np.arange(m) * (n / m)
+        lo = np.floor(pos).astype(int)
+        hi = np.minimum(lo + 1, n - 1)
+        f = (pos - lo).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        a, b = np.take(x, lo, axis=axis), np.take(x, hi, axis=axis)
+        x = a + (b - a) * f
+    return x
+
+
+def ref_local(x, w, kernel, strides, feature_order):
+    """Keras 2.2.5's slicing: patch features (taps, C) or (C, taps)."""
+    rank = x.ndim - 2
+    rows = []
+    for o, taps, outs in windows(x.shape, kernel, strides, "valid", (1,) * rank):
+        patch = np.stack([x[(slice(None), *i)] for _, i in taps], axis=1)   # (N, taps, C)
+        if feature_order == "channels_first":
+            patch = patch.transpose(0, 2, 1)
+        rows.append(patch.reshape(x.shape[0], -1))
+    out = np.einsum("pnf,pfo->npo", np.stack(rows), w)
+    return out.reshape((x.shape[0], *outs, w.shape[-1]))
+
+
+def first(x):
+    """channels_last -> channels_first."""
+    return np.moveaxis(x, -1, 1)
+
+
+def last(x):
+    return np.moveaxis(x, 1, -1)
+
+
+def both_formats(fn, ref, x, *rest):
+    """fn(x, *rest, data_format) against ref on channels_last and channels_first x."""
+    want = ref(x, *rest)
+    got = run(lambda *t: fn(*t, "channels_last"), x, *rest)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9)
+    got = run(lambda *t: fn(*t, "channels_first"), first(x), *rest)
+    np.testing.assert_allclose(got, first(want), rtol=1e-9, atol=1e-9)
+
+
+# ---------------------------------------------------------------------------
+# Forward values
+
+CASES = [  # strides, padding, dilation
+    (1, "valid", 1), (1, "same", 1), (2, "same", 1), (2, "valid", 1), (1, "same", 2)]
+
+
+@pytest.mark.parametrize("strides,padding,dilation", CASES)
+def test_conv2d(strides, padding, dilation):
+    x, w = rand(2, 7, 6, 3), rand(3, 2, 3, 4)
+    s, d = (strides, strides), (dilation, dilation)
+    both_formats(lambda x, w, f: K.conv2d(x, w, s, padding, f, d),
+                 lambda x, w: ref_conv(x, w, s, padding, d), x, w)
+
+
+@pytest.mark.parametrize("strides,padding,dilation", CASES + [(1, "causal", 2), (2, "causal", 1)])
+def test_conv1d(strides, padding, dilation):
+    x, w = rand(2, 9, 3), rand(3, 3, 2)
+    want = ref_conv(x, w, (strides,), padding, (dilation,))
+    got = run(lambda x, w: K.conv1d(x, w, strides, padding, "channels_last", dilation), x, w)
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    if padding != "causal":
+        got = run(lambda x, w: K.conv1d(x, w, strides, padding, "channels_first", dilation),
+                  first(x), w)
+        np.testing.assert_allclose(got, first(want), atol=1e-9)
+
+
+@pytest.mark.parametrize("strides,padding,dilation", [(1, "valid", 1), (2, "same", 1),
+                                                      (1, "same", 2)])
+def test_conv3d(strides, padding, dilation):
+    x, w = rand(2, 5, 4, 5, 2), rand(2, 3, 2, 2, 3)
+    s, d = (strides,) * 3, (dilation,) * 3
+    both_formats(lambda x, w, f: K.conv3d(x, w, s, padding, f, d),
+                 lambda x, w: ref_conv(x, w, s, padding, d), x, w)
+
+
+@pytest.mark.parametrize("strides,padding,out", [((1, 1), "valid", (7, 6)), ((2, 2), "same", (8, 7)),
+                                                 ((2, 1), "valid", (9, 6))])
+def test_conv2d_transpose(strides, padding, out):
+    w = rand(3, 2, 4, 3)                       # (rows, cols, out_channels, in_channels)
+    out_shape = (2, *out, 4)
+    x_spatial = [pad_before(n, k, s, 1, padding)[0] for n, k, s in zip(out, w.shape, strides)]
+    x = rand(2, *x_spatial, 3)
+    want = ref_conv_transpose(x, w, out_shape, strides, padding, (1, 1))
+    got = run(lambda x, w: K.conv2d_transpose(x, w, out_shape, strides, padding, "channels_last"),
+              x, w)
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    # channels_first, with a None batch in output_shape
+    shape_first = (None, 4, *out)
+    got = run(lambda x, w: K.conv2d_transpose(x, w, shape_first, strides, padding,
+                                              "channels_first"), first(x), w)
+    np.testing.assert_allclose(got, first(want), atol=1e-9)
+
+
+def test_conv2d_transpose_dilated_and_symbolic_output_shape():
+    w, x = rand(2, 2, 2, 3), rand(2, 4, 3, 3)
+    want = ref_conv_transpose(x, w, (2, 6, 5, 2), (1, 1), "valid", (2, 2))
+    got = run(lambda x, w: K.conv2d_transpose(x, w, (2, 6, 5, 2), padding="valid",
+                                              dilation_rate=(2, 2)), x, w)
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    # Keras' Conv2DTranspose passes scalar tensors computed from K.shape(inputs)
+    xp, wp = K.placeholder((None, None, None, 3), dtype="float64"), K.variable(w, dtype="float64")
+    dims = K.shape(xp)
+    y = K.conv2d_transpose(xp, wp, (dims[0], dims[1] + 2, dims[2] + 2, 2), padding="valid",
+                           dilation_rate=(2, 2))
+    assert K.int_shape(y) == (None, None, None, 2)
+    np.testing.assert_allclose(K.function([xp], [y])([x])[0], want, atol=1e-9)
+
+
+def test_conv3d_transpose():
+    w, x = rand(2, 2, 2, 2, 3), rand(1, 2, 3, 2, 3)
+    out_shape = (1, 4, 6, 4, 2)
+    want = ref_conv_transpose(x, w, out_shape, (2, 2, 2), "same", (1, 1, 1))
+    got = run(lambda x, w: K.conv3d_transpose(x, w, out_shape, (2, 2, 2), "same",
+                                              "channels_last"), x, w)
+    np.testing.assert_allclose(got, want, atol=1e-9)
+    got = run(lambda x, w: K.conv3d_transpose(x, w, (1, 2, 4, 6, 4), (2, 2, 2), "same",
+                                              "channels_first"), first(x), w)
+    np.testing.assert_allclose(got, first(want), atol=1e-9)
+
+
+@pytest.mark.parametrize("strides,padding,dilation", [(1, "valid", 1), (2, "same", 1),
+                                                      (1, "same", 2)])
+def test_depthwise_conv2d(strides, padding, dilation):
+    x, w = rand(2, 6, 5, 3), rand(3, 2, 3, 2)
+    s, d = (strides, strides), (dilation, dilation)
+    both_formats(lambda x, w, f: K.depthwise_conv2d(x, w, s, padding, f, d),
+                 lambda x, w: ref_depthwise(x, w, s, padding, d), x, w)
+
+
+@pytest.mark.parametrize("strides,padding,dilation", [(1, "valid", 1), (2, "same", 1),
+                                                      (1, "same", 2)])
+def test_separable_conv(strides, padding, dilation):
+    x, dw, pw = rand(2, 6, 5, 3), rand(3, 2, 3, 2), rand(1, 1, 6, 4)
+    s, d = (strides, strides), (dilation, dilation)
+
+    def ref(x, dw, pw):
+        return ref_depthwise(x, dw, s, padding, d) @ pw[0, 0]
+    both_formats(lambda x, dw, pw, f: K.separable_conv2d(x, dw, pw, s, padding, f, d), ref,
+                 x, dw, pw)
+    x1, dw1, pw1 = rand(2, 8, 3), rand(3, 3, 2), rand(1, 6, 4)
+    both_formats(lambda x, dw, pw, f: K.separable_conv1d(x, dw, pw, strides, padding, f, dilation),
+                 lambda x, dw, pw: ref_depthwise(x, dw, (strides,), padding, (dilation,)) @ pw[0],
+                 x1, dw1, pw1)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("size,strides,padding", [((2, 2), (2, 2), "valid"), ((3, 2), (1, 1), "valid"),
+                                                  ((3, 3), (2, 2), "same"), ((2, 3), (2, 1), "same")])
+def test_pool2d(mode, size, strides, padding):
+    x = rand(2, 7, 6, 3)
+    both_formats(lambda x, f: K.pool2d(x, size, strides, padding, f, mode),
+                 lambda x: ref_pool(x, size, strides, padding, mode), x)
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("padding", ["valid", "same"])
+def test_pool3d(mode, padding):
+    x = rand(2, 5, 4, 5, 2)
+    both_formats(lambda x, f: K.pool3d(x, (2, 2, 3), (2, 1, 2), padding, f, mode),
+                 lambda x: ref_pool(x, (2, 2, 3), (2, 1, 2), padding, mode), x)
+
+
+@pytest.mark.parametrize("interpolation", ["nearest", "bilinear"])
+def test_resize_images(interpolation):
+    x = rand(2, 3, 4, 2)
+    if interpolation == "nearest":
+        want = np.repeat(np.repeat(x, 2, axis=1), 3, axis=2)
+    else:
+        want = ref_bilinear(x, (2, 3))
+    both_formats(lambda x, f: K.resize_images(x, 2, 3, f, interpolation), lambda x: want, x)
+
+
+def test_resize_volumes():
+    x = rand(2, 2, 3, 2, 3)
+    want = np.repeat(np.repeat(np.repeat(x, 2, axis=1), 1, axis=2), 3, axis=3)
+    both_formats(lambda x, f: K.resize_volumes(x, 2, 1, 3, f), lambda x: want, x)
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_local_conv2d(data_format):
+    x, w = rand(2, 5, 6, 3), rand(2 * 3, 2 * 2 * 3, 4)   # kernel (2, 2), strides (2, 2)
+    want = ref_local(x, w, (2, 2), (2, 2), data_format)
+    xin = x if data_format == "channels_last" else first(x)
+    got = run(lambda x, w: K.local_conv2d(x, w, (2, 2), (2, 2), (2, 3), data_format), xin, w)
+    np.testing.assert_allclose(got, want if data_format == "channels_last" else first(want),
+                               atol=1e-9)
+
+
+def test_local_conv1d():
+    x, w = rand(2, 7, 3), rand(3, 3 * 3, 4)                # kernel 3, stride 2
+    got = run(lambda x, w: K.local_conv1d(x, w, (3,), (2,)), x, w)
+    np.testing.assert_allclose(got, ref_local(x, w, (3,), (2,), "channels_last"), atol=1e-9)
+
+
+def test_keras1_spellings():
+    x, w = rand(2, 6, 5, 3), rand(3, 3, 3, 2)
+    want = ref_conv(x, w, (1, 1), "same", (1, 1))
+    got = run(lambda x, w: K.conv2d(x, w, border_mode="same", dim_ordering="th"), first(x), w)
+    np.testing.assert_allclose(got, first(want), atol=1e-9)
+    got = run(lambda x: K.pool2d(x, (2, 2), (2, 2), border_mode="same", dim_ordering="tf",
+                                 pool_mode="avg"), x)
+    np.testing.assert_allclose(got, ref_pool(x, (2, 2), (2, 2), "same", "avg"), atol=1e-9)
+    got = run(lambda x: K.resize_images(x, 2, 2, "th"), first(x))
+    np.testing.assert_allclose(got, first(np.repeat(np.repeat(x, 2, 1), 2, 2)))
+    # the Keras 1 face: 'th' kernels (out, in, rows, cols)
+    from numbackend import keras1
+    got = run(lambda x, w: keras1.conv2d(x, w, border_mode="same", dim_ordering="th"),
+              first(x), w.transpose(3, 2, 0, 1))
+    np.testing.assert_allclose(got, first(want), atol=1e-9)
+
+
+def test_unknown_spatial_dims_and_float32():
+    x, w = rand(2, 7, 6, 3).astype("float32"), rand(3, 3, 3, 4).astype("float32")
+    xp = K.placeholder((None, None, None, 3))
+    y = K.conv2d(xp, K.variable(w), (2, 2), "same")
+    assert K.int_shape(y) == (None, None, None, 4) and K.dtype(y) == "float32"
+    got = K.function([xp], [y])([x])[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, ref_conv(x.astype(float), w.astype(float), (2, 2), "same",
+                                             (1, 1)), rtol=1e-4, atol=1e-4)
+
+
+def test_static_shapes():
+    x = K.placeholder((None, 3, 28, 28))
+    assert K.int_shape(K.conv2d(x, K.variable(np.zeros((5, 5, 3, 8))), (2, 2), "same",
+                                "channels_first")) == (None, 8, 14, 14)
+    assert K.int_shape(K.pool2d(x, (2, 2), (2, 2), data_format="channels_first")) == (None, 3, 14, 14)
+    assert K.int_shape(K.resize_images(x, 2, 3, "channels_first")) == (None, 3, 56, 84)
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda: K.conv2d(K.placeholder((None, 8, 8)), K.variable(np.zeros((3, 3, 1, 2)))),
+     r"conv2d: expected an input of rank 4 .*\(None, 8, 8\)"),
+    (lambda: K.conv2d(K.placeholder((None, 8, 8, 3)), K.variable(np.zeros((3, 3, 2, 4)))),
+     r"conv2d: input of shape \(None, 8, 8, 3\).*3 channels.*\(3, 3, 2, 4\) expects 2"),
+    (lambda: K.conv2d(K.placeholder((None, 3, 8, 8)), K.variable(np.zeros((3, 3, 2, 4))),
+                      data_format="channels_first"), r"conv2d: .*3 channels"),
+    (lambda: K.conv2d(K.placeholder((None, 8, 8, 3)), K.variable(np.zeros((3, 3, 3, 4))),
+                      padding="full"), r"conv2d: padding must be one of"),
+    (lambda: K.conv2d(K.placeholder((None, 2, 8, 3)), K.variable(np.zeros((3, 3, 3, 4)))),
+     r"does not fit the input of shape \(None, 2, 8, 3\)"),
+    (lambda: K.conv1d(K.placeholder((None, 8, 3)), K.variable(np.zeros((3, 3, 4))),
+                      padding="causal", data_format="channels_first"), r"conv1d: causal"),
+    (lambda: K.pool2d(K.placeholder((None, 8, 8, 3)), (2, 2), pool_mode="sum"),
+     r"pool2d: pool_mode must be"),
+    (lambda: K.pool2d(K.placeholder((None, 8, 8, 3)), (2, 2), padding="causal"),
+     r"pool2d: padding must be one of"),
+    (lambda: K.depthwise_conv2d(K.placeholder((None, 8, 8, 3)), K.variable(np.zeros((3, 3, 2, 1)))),
+     r"depthwise_conv2d: .*depthwise kernel of shape \(3, 3, 2, 1\)"),
+    (lambda: K.conv2d_transpose(K.placeholder((None, 4, 4, 3)), K.variable(np.zeros((3, 3, 2, 3))),
+                                (None, 9, 9, 2)), r"conv2d_transpose: output shape \(None, 9, 9, 2\) .*\(None, 4, 4, 3\)"),
+    (lambda: K.conv2d_transpose(K.placeholder((None, 4, 4, 3)), K.variable(np.zeros((3, 3, 2, 5))),
+                                (None, 6, 6, 2)), r"conv2d_transpose: .*3 channels"),
+    (lambda: K.resize_images(K.placeholder((None, 4, 4)), 2, 2, "channels_last"),
+     r"resize_images: expected an input of rank 4"),
+    (lambda: K.local_conv2d(K.placeholder((None, 5, 6, 3)), K.variable(np.zeros((5, 12, 4))),
+                            (2, 2), (2, 2), (2, 3)), r"local_conv: kernel of shape \(5, 12, 4\)"),
+])
+def test_errors_at_construction(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
+
+
+# ---------------------------------------------------------------------------
+# Gradients against central finite differences (float64, tiny sizes)
+
+
+def check_gradients(fn, *arrays, eps=1e-6, tol=1e-6):
+    holders = [K.placeholder(a.shape, dtype="float64") for a in arrays]
+    y = fn(*holders)
+    weights = rand(*[d for d in K.int_shape(y)])
+    loss = K.sum(y * K.constant(weights, dtype="float64"))
+    f_loss = K.function(holders, [loss])
+    f_grad = K.function(holders, K.gradients(loss, holders))
+    grads = f_grad(list(arrays))
+    for k, a in enumerate(arrays):
+        numeric = np.zeros_like(a)
+        for idx in np.ndindex(a.shape):
+            vals = []
+            for sign in (1, -1):
+                moved = [b.copy() for b in arrays]
+                moved[k][idx] += sign * eps
+                vals.append(f_loss(moved)[0])
+            numeric[idx] = (vals[0] - vals[1]) / (2 * eps)
+        np.testing.assert_allclose(grads[k], numeric, rtol=tol, atol=tol,
+                                   err_msg=f"gradient w.r.t. input {k}")
+
+
+@pytest.mark.parametrize("strides,padding,dilation,data_format", [
+    ((1, 1), "valid", (1, 1), "channels_last"), ((2, 2), "same", (1, 1), "channels_first"),
+    ((1, 1), "same", (2, 1), "channels_last")])
+def test_conv2d_gradients(strides, padding, dilation, data_format):
+    x = rand(2, 5, 4, 2) if data_format == "channels_last" else rand(2, 2, 5, 4)
+    check_gradients(lambda x, w: K.conv2d(x, w, strides, padding, data_format, dilation),
+                    x, rand(2, 3, 2, 3))
+
+
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("size,strides,padding", [((2, 2), (2, 2), "valid"), ((3, 3), (2, 1), "same")])
+def test_pool2d_gradients(mode, size, strides, padding):
+    check_gradients(lambda x: K.pool2d(x, size, strides, padding, "channels_last", mode),
+                    rand(2, 5, 4, 2))
+
+
+def test_pool2d_gradient_channels_first():
+    check_gradients(lambda x: K.pool2d(x, (2, 2), (1, 1), "same", "channels_first", "max"),
+                    rand(1, 2, 4, 3))
+
+
+@pytest.mark.parametrize("strides,padding", [((1, 1), "valid"), ((2, 2), "same")])
+def test_conv2d_transpose_gradients(strides, padding):
+    out = (2, 5, 4, 3)
+    x_spatial = [pad_before(n, 2, s, 1, padding)[0] for n, s in zip(out[1:3], strides)]
+    check_gradients(lambda x, w: K.conv2d_transpose(x, w, out, strides, padding, "channels_last"),
+                    rand(2, *x_spatial, 2), rand(2, 2, 3, 2))
+
+
+@pytest.mark.parametrize("strides,padding,dilation", [((1, 1), "valid", (1, 1)),
+                                                      ((2, 2), "same", (1, 1)),
+                                                      ((1, 1), "same", (2, 2))])
+def test_depthwise_conv2d_gradients(strides, padding, dilation):
+    check_gradients(lambda x, w: K.depthwise_conv2d(x, w, strides, padding, "channels_last",
+                                                    dilation), rand(2, 5, 4, 2), rand(2, 3, 2, 2))
+
+
+@pytest.mark.parametrize("interpolation,data_format", [("nearest", "channels_last"),
+                                                       ("bilinear", "channels_last"),
+                                                       ("bilinear", "channels_first")])
+def test_resize_images_gradients(interpolation, data_format):
+    check_gradients(lambda x: K.resize_images(x, 2, 3, data_format, interpolation),
+                    rand(2, 3, 2, 2))
+
+
+def test_other_gradients():
+    check_gradients(lambda x, w: K.conv1d(x, w, 1, "causal", dilation_rate=2), rand(2, 6, 2),
+                    rand(2, 2, 3))
+    check_gradients(lambda x, dw, pw: K.separable_conv2d(x, dw, pw, (1, 1), "same",
+                                                         "channels_last"),
+                    rand(1, 4, 3, 2), rand(2, 2, 2, 2), rand(1, 1, 4, 2))
+    check_gradients(lambda x, w: K.local_conv2d(x, w, (2, 2), (1, 2), (3, 2), "channels_first"),
+                    rand(2, 2, 4, 4), rand(6, 8, 2))
+    check_gradients(lambda x: K.pool3d(x, (2, 2, 2), (1, 1, 1), "same", "channels_last", "max"),
+                    rand(1, 3, 2, 3, 2))
+    check_gradients(lambda x: K.resize_volumes(x, 2, 1, 2, "channels_last"), rand(1, 2, 2, 2, 2))
+
+
+def test_second_order_through_conv2d():
+    """Gradients of gradients: the backward ops have rules too."""
+    x, w = rand(1, 4, 4, 2), rand(2, 2, 2, 2)
+
+    def grad_norm(x, w):
+        g = K.gradients(K.sum(K.square(K.conv2d(x, w, (1, 1), "same", "channels_last"))), [x])[0]
+        return K.square(g)
+    check_gradients(grad_norm, x, w, tol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Keras 2.2.5: a small CNN predicts what NumPy computes from its weights
+
+KERAS_CNN = """
+import json
+import numpy as np
+from keras.models import Sequential
+from keras.layers import Conv2D, MaxPooling2D, Flatten, Dense
+
+rng = np.random.default_rng(0)
+model = Sequential([Conv2D(8, 3, activation="relu", input_shape=(9, 8, 2)), MaxPooling2D(),
+                    Flatten(), Dense(5, activation="softmax")])
+weights = [rng.standard_normal(w.shape).astype("float32") * 0.5 for w in model.get_weights()]
+model.set_weights(weights)
+x = rng.standard_normal((6, 9, 8, 2)).astype("float32")
+got = model.predict(x, batch_size=4)
+
+k, b, wd, bd = [w.astype(np.float64) for w in weights]
+x = x.astype(np.float64)
+conv = np.zeros((6, 7, 6, 8))
+for i in range(7):
+    for j in range(6):
+        conv[:, i, j] = np.einsum("nabc,abcf->nf", x[:, i:i + 3, j:j + 3], k)
+h = np.maximum(conv + b, 0)
+h = h[:, :6].reshape(6, 3, 2, 3, 2, 8).max(axis=(2, 4))
+z = h.reshape(6, -1) @ wd + bd
+e = np.exp(z - z.max(axis=1, keepdims=True))
+want = e / e.sum(axis=1, keepdims=True)
+print(json.dumps({"shape": list(got.shape), "max_error": float(np.abs(got - want).max())}))
+"""
+
+
+def test_keras_cnn_predict(tmp_path):
+    from tests.test_keras import run_keras
+    result = run_keras(KERAS_CNN, tmp_path)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["shape"] == [6, 5]
+    assert report["max_error"] < 1e-5

@@ -15,7 +15,7 @@ from . import keras_compat as _keras_compat
 
 _keras_compat.apply()
 
-from . import autodiff, config, conv, core, math, nn, pending, random, updates
+from . import autodiff, config, conv, core, ctc, math, nn, pending, random, updates
 from .autodiff import *
 from .config import (
     backend,
@@ -32,6 +32,7 @@ from .config import (
 )
 from .conv import *
 from .core import *
+from .ctc import *
 from .graph import Tensor, Variable
 from .math import *
 from .nn import *
@@ -52,6 +53,7 @@ __all__ = [
 __all__ += autodiff.__all__
 __all__ += conv.__all__
 __all__ += core.__all__
+__all__ += ctc.__all__
 __all__ += math.__all__
 __all__ += nn.__all__
 __all__ += [n for n in pending.__all__ if n not in __all__]

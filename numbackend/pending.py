@@ -16,7 +16,6 @@ def _missing(name, feature):
 
 _FEATURES = {
     "the RNN scan": ("rnn", "foldl", "foldr", "map_fn"),
-    "CTC": ("ctc_batch_cost", "ctc_decode", "ctc_label_dense_to_sparse"),
 }
 
 for _feature, _names in _FEATURES.items():

@@ -17,8 +17,9 @@ the results after.  Shape errors are raised when the graph is built.
 import numpy as np
 
 from . import config
+from .compiler import evaluate
 from .graph import Tensor, format_shape
-from .ops import apply, as_tensor, check_sweep
+from .ops import OPS, apply, as_tensor, check_sweep
 
 
 def bias_add(x, bias, data_format=None):
@@ -180,7 +181,7 @@ def _output_shape(where, x, output_shape, rank, data_format):
                              f"{rank} spatial, channels), got {tuple(output_shape)}")
     if data_format == "channels_first":
         entries = [entries[0]] + entries[2:] + [entries[1]]
-    static = tuple(None if isinstance(e, Tensor) or e is None else int(e) for e in entries)
+    static = tuple(_static_int(e) for e in entries)
     if all(d is not None for d in static[1:]):
         return static, []
     if entries[0] is None:
@@ -189,6 +190,37 @@ def _output_shape(where, x, output_shape, rank, data_format):
              for e in entries]
     parts = [apply("cast", p, dtype="int32") if p.dtype != "int32" else p for p in parts]
     return static, [apply("stack", *parts, axis=0)]
+
+
+def _static_value(t, depth=0):
+    """The value of a small shape expression (constants, ``shape`` of tensors whose
+    shape is known, arithmetic and indexing on them) when it is known before
+    running, else None: Keras' Conv2DTranspose computes output_shape from
+    K.shape(inputs)."""
+    if t.op == "constant":
+        return t.value
+    if t.op == "shape":
+        dims = t.inputs[0].shape
+        return None if any(d is None for d in dims) else np.asarray(dims, dtype=np.int32)
+    if (t.op == "getitem" and t.inputs[0].op == "shape" and len(t.attrs["key"]) == 1
+            and isinstance(t.attrs["key"][0], (int, np.integer))):
+        dim = t.inputs[0].inputs[0].shape[t.attrs["key"][0]]   # one known dim of a shape
+        return None if dim is None else np.asarray(dim, dtype=np.int32)
+    if depth > 16 or not t.inputs or OPS[t.op].stateful or t.op in ("placeholder", "variable"):
+        return None
+    values = [_static_value(i, depth + 1) for i in t.inputs]
+    if any(v is None for v in values):
+        return None
+    return evaluate(t, values)
+
+
+def _static_int(entry):
+    if entry is None:
+        return None
+    if isinstance(entry, Tensor):
+        value = _static_value(entry)
+        return None if value is None or np.ndim(value) != 0 else int(value)
+    return int(entry)
 
 
 def _conv_transpose(where, rank, x, kernel, output_shape, strides, padding, data_format,

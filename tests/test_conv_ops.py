@@ -208,6 +208,13 @@ def test_conv2d_transpose_dilated_and_symbolic_output_shape():
                            dilation_rate=(2, 2))
     assert K.int_shape(y) == (None, None, None, 2)
     np.testing.assert_allclose(K.function([xp], [y])([x])[0], want, atol=1e-9)
+    # where the input's spatial shape is known, so is the output's
+    xp = K.placeholder((None, 4, 3, 3), dtype="float64")
+    dims = K.shape(xp)
+    y = K.conv2d_transpose(xp, wp, (dims[0], dims[1] + 2, dims[2] * 1 + 2, 2), padding="valid",
+                           dilation_rate=(2, 2))
+    assert K.int_shape(y) == (None, 6, 5, 2)
+    np.testing.assert_allclose(K.function([xp], [y])([x])[0], want, atol=1e-9)
 
 
 def test_conv3d_transpose():

@@ -142,6 +142,79 @@ def onnx_fns(w1, w2a, w2b, mlp):
             "W2b": lambda: s2b.run(None, {"x": w2b[0]}), "W3": lambda x: s3.run(None, {"x": x})}
 
 
+def _cell(t, ours):
+    shown = f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.3f} ms"
+    return f"{shown} ({t / ours:4.2f}x)"
+
+
+def train_data():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((128, 784)).astype(F32)
+    y = np.eye(10, dtype=F32)[rng.integers(0, 10, 128)]
+    return x, y
+
+
+def numbackend_train(mlp, lr=0.01):
+    import numbackend as K
+    x, y = K.placeholder((None, 784)), K.placeholder((None, 10))
+    params, h = [], x
+    for i, (w, b) in enumerate(mlp):
+        wv, bv = K.variable(w), K.variable(b)
+        params += [wv, bv]
+        h = K.dot(h, wv) + bv
+        h = K.relu(h) if i < 2 else K.softmax(h)
+    loss = K.mean(K.categorical_crossentropy(y, h))
+    grads = K.gradients(loss, params)
+    step = K.function([x, y], [loss], updates=[(p, p - lr * g) for p, g in zip(params, grads)])
+    return lambda xy: step(list(xy))
+
+
+def numpy_train(mlp, lr=0.01):
+    params = [np.array(v) for wb in mlp for v in wb]
+
+    def step(xy):
+        x, y = xy
+        w1, b1, w2, b2, w3, b3 = params
+        z1 = x @ w1 + b1
+        h1 = np.maximum(z1, 0)
+        z2 = h1 @ w2 + b2
+        h2 = np.maximum(z2, 0)
+        z3 = h2 @ w3 + b3
+        e = np.exp(z3 - z3.max(axis=1, keepdims=True))
+        p = e / e.sum(axis=1, keepdims=True)
+        dz3 = (p - y) / F32(len(x))
+        dh2 = dz3 @ w3.T * (z2 > 0)
+        dh1 = dh2 @ w2.T * (z1 > 0)
+        grads = [x.T @ dh1, dh1.sum(0), h1.T @ dh2, dh2.sum(0), h2.T @ dz3, dz3.sum(0)]
+        for q, g in zip(params, grads):
+            q -= F32(lr) * g
+    return step
+
+
+def jax_train(mlp, lr=0.01):
+    import jax
+    import jax.numpy as jnp
+
+    def loss_fn(params, x, y):
+        h = x
+        for i, (w, b) in enumerate(params):
+            h = h @ w + b
+            h = jax.nn.relu(h) if i < 2 else h
+        return -jnp.mean(jnp.sum(y * jax.nn.log_softmax(h), axis=-1))
+
+    @jax.jit
+    def step(params, x, y):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        return loss, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+
+    state = {"params": [(jnp.asarray(w), jnp.asarray(b)) for w, b in mlp]}
+
+    def run(xy):
+        loss, state["params"] = step(state["params"], *xy)
+        loss.block_until_ready()
+    return run
+
+
 def main():
     seconds = 0.5 if "--quick" in sys.argv else 2.0
     w1, w2a, w2b, mlp, mlp_inputs = workloads()
@@ -162,12 +235,16 @@ def main():
             fn = table["W3"] if batch else table[key]
             call = (lambda fn=fn, x=x: fn(x)) if batch else fn
             times[name] = median_time(call, seconds)
-        ours = times["numbackend"]
-        cells = []
-        for name, t in times.items():
-            shown = f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.3f} ms"
-            cells.append(f"{shown} ({t / ours:4.2f}x)")
-        print(f"{label:16s}" + "".join(f"{c:>22s}" for c in cells), flush=True)
+        print(f"{label:16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()),
+              flush=True)
+    xy = train_data()
+    train = {"numbackend": numbackend_train, "numpy": numpy_train, "jax": jax_train}
+    times = {}
+    for name, build in train.items():
+        if name in fns:
+            fn = build(mlp)
+            times[name] = median_time(lambda fn=fn: fn(xy), seconds)
+    print(f"{'W7 train step':16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()))
     print("(each cell: median time (time / numbackend's time); above 1.00x is slower than numbackend)")
     if "--no-startup" not in sys.argv:
         startup()

@@ -1434,9 +1434,18 @@ def _pool_backward(dy, x, pool_size, strides, padding, mode, dilation=None):
     return pool.avg_pool_backward(dy, x.shape, pool_size, strides, padding)
 
 
+def _pool_backward_grad(g, n):
+    """avg: the backward op is linear in dy, its adjoint is the pooling itself; max:
+    zero w.r.t. x almost everywhere, and w.r.t. dy has no rule (yet)."""
+    if n.attrs["mode"] != "avg":
+        raise NotImplementedError("gradients: the second derivative of max pooling (pool2d / "
+                                  "pool3d with pool_mode='max') is not implemented")
+    return [apply("pool", g, **n.attrs), None]
+
+
 library("pool", _pool_infer, _pool,
         grad=lambda g, n: [apply("pool_backward", g, n.inputs[0], **n.attrs)])
-library("pool_backward", _pool_backward_infer, _pool_backward)
+library("pool_backward", _pool_backward_infer, _pool_backward, grad=_pool_backward_grad)
 
 
 # resize: x (N, *s, C) -> (N, *(s * factors), C); attrs factors, interpolation
@@ -1475,7 +1484,7 @@ def _resize_backward(dy, x, factors, interpolation):
 library("resize", _resize_infer, _resize,
         grad=lambda g, n: [apply("resize_backward", g, n.inputs[0], **n.attrs)])
 library("resize_backward", lambda inputs, attrs: (inputs[1].shape, _conv_dtype(inputs)),
-        _resize_backward)
+        _resize_backward, grad=lambda g, n: [apply("resize", g, **n.attrs), None])
 
 
 # local_conv: x (N, *s, C), w (P, taps*C, F) -> (N, *out, F), 'valid' windows with
@@ -1528,8 +1537,22 @@ def _local_grad(g, n):
 
 
 library("local_conv", _local_infer, _local, grad=_local_grad)
+def _local_backward_input_grad(g, n):
+    dy, w = n.inputs[:2]
+    return [apply("local_conv", g, w, **n.attrs),
+            apply("local_conv_backward_kernel", g, dy, w_shape=w.shape, **n.attrs), None]
+
+
+def _local_backward_kernel_grad(g, n):
+    x, dy = n.inputs
+    a = {k: v for k, v in n.attrs.items() if k != "w_shape"}
+    return [apply("local_conv_backward_input", dy, g, x, **a), apply("local_conv", x, g, **a)]
+
+
 library("local_conv_backward_input",
-        lambda inputs, attrs: (inputs[2].shape, _conv_dtype(inputs[:2])), _local_backward_input)
+        lambda inputs, attrs: (inputs[2].shape, _conv_dtype(inputs[:2])), _local_backward_input,
+        grad=_local_backward_input_grad)
 library("local_conv_backward_kernel",
         lambda inputs, attrs: (tuple(attrs["w_shape"]), _conv_dtype(inputs)),
-        lambda x, dy, w_shape, **a: _local_backward_kernel(x, dy, **a))
+        lambda x, dy, w_shape, **a: _local_backward_kernel(x, dy, **a),
+        grad=_local_backward_kernel_grad)

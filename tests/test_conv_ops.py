@@ -465,6 +465,28 @@ def test_second_order_through_conv2d():
     check_gradients(grad_norm, x, w, tol=1e-5)
 
 
+@pytest.mark.parametrize("build", [
+    lambda x, w: K.pool2d(K.conv2d(x, w, padding="same"), (2, 2), (1, 1), "same", pool_mode="avg"),
+    lambda x, w: K.resize_images(K.conv2d(x, w, padding="same"), 2, 1, "channels_last",
+                                 "bilinear"),
+    lambda x, w: K.local_conv2d(x, K.reshape(K.tile(w, (9, 1, 1, 1)), (9, 8, 2)), (2, 2),
+                                (1, 1), (3, 3), "channels_last")])
+def test_second_order_through_other_ops(build):
+    x, w = rand(1, 4, 4, 2), rand(2, 2, 2, 2)
+
+    def grad_norm(x, w):
+        g = K.gradients(K.sum(K.square(build(x, w))), [x])[0]
+        return K.square(g)
+    check_gradients(grad_norm, x, w, tol=1e-5)
+
+
+def test_second_order_through_max_pool_raises():
+    x = K.placeholder((1, 4, 4, 2), dtype="float64")
+    g = K.gradients(K.sum(K.square(K.pool2d(x, (2, 2)))), [x])[0]
+    with pytest.raises(NotImplementedError, match="max pooling"):
+        K.gradients(K.sum(K.square(g)), [x])
+
+
 # ---------------------------------------------------------------------------
 # Keras 2.2.5: a small CNN predicts what NumPy computes from its weights
 

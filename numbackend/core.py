@@ -89,7 +89,13 @@ def shape(x):
 
 
 def int_shape(x):
-    """The static shape of x as a tuple of ints and None."""
+    """The static shape of x as a tuple of ints and None.
+
+    As with Keras's TensorFlow backend, the shape Keras computed for a layer's
+    output (``_keras_shape``) wins: a Lambda layer's ``output_shape`` may know
+    more than the graph does."""
+    if hasattr(x, "_keras_shape"):
+        return tuple(x._keras_shape)
     if is_tensor(x):
         return tuple(x.shape)
     return tuple(np.shape(x))

@@ -897,6 +897,9 @@ def _reshape_dynamic_infer(inputs, attrs):
     if len(known) != shape.shape[0]:
         raise ValueError(f"reshape: {len(known)} known dims given for a target shape of "
                          f"length {shape.shape[0]}")
+    if shape.op == "stack":  # entries given as constants are known too
+        known = tuple(int(e.value) if k is None and e.op == "constant" and int(e.value) >= 0 else k
+                      for k, e in zip(known, shape.inputs))
     return known, x.dtype
 
 

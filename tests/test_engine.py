@@ -335,3 +335,12 @@ def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
         with open(os.path.join(folder, name), "rb") as f:
             digest.update(f.read())
     assert codegen.cache_dir().endswith(f"-{digest.hexdigest()[:12]}")
+
+
+def test_reshape_to_a_stacked_shape_keeps_constant_dims_static():
+    from numbackend import math as KM
+    x = K.placeholder((None, 8))
+    y = KM.reshape(x, ops.apply("stack", ops.apply("getitem", K.shape(x), key=(0,)), 4, 2, axis=0))
+    assert y.shape == (None, 4, 2)
+    np.testing.assert_array_equal(K.function([x], [y])([np.arange(16.0).reshape(2, 8)])[0],
+                                  np.arange(16.0).reshape(2, 4, 2))

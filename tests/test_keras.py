@@ -59,3 +59,20 @@ def test_sequential_dense_predicts_numpy_numbers(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["shape"] == [7, 5]
     assert report["max_error"] < 1e-5
+
+
+def test_lambda_output_shape_reaches_the_next_layer(tmp_path):
+    # int_shape must prefer the shape Keras computed (_keras_shape), as TF's backend does
+    script = textwrap.dedent("""
+        import numpy as np
+        from keras.models import Sequential
+        from keras.layers import Lambda, Flatten, Dense
+        from keras import backend as K
+        model = Sequential([Lambda(lambda x: K.reshape(x, K.stack([K.shape(x)[0], 4, 2])),
+                                   output_shape=(4, 2), input_shape=(8,)), Flatten(), Dense(1)])
+        x = np.arange(16, dtype="float32").reshape(2, 8)
+        w, b = model.layers[-1].get_weights()
+        print(float(np.abs(model.predict(x) - (x @ w + b)).max()))
+    """)
+    result = run_keras(script, tmp_path)
+    assert float(result.stdout.strip().splitlines()[-1]) < 1e-5

@@ -66,3 +66,20 @@ def test_binary_crossentropy_gradient_at_zero_logits():
     grads = [K.gradients(K.sum(loss), [zt])[0] for loss in losses]
     for got in K.function([zt, tt], grads)([np.zeros((2, 3)), t]):
         np.testing.assert_allclose(got, 0.5 - t, atol=1e-15)
+
+
+def test_sum_gradient_has_no_cast_to_the_same_dtype():
+    """The gradient of a sum cast g to x's dtype even when they agreed: an extra kernel
+    (one pass, one launch) in every backward pass through a sum, e.g. a cross-entropy."""
+    x = K.placeholder((None, 10))
+    (grad,) = K.gradients(K.sum(K.square(x), axis=-1), [x])
+    stack, seen, ops = [grad], set(), []
+    while stack:
+        node = stack.pop()
+        if node.id not in seen:
+            seen.add(node.id)
+            ops.append(node.op)
+            stack.extend(node.inputs)
+    assert "cast" not in ops, ops
+    got = K.function([x], [grad])([np.full((2, 10), 1.5, dtype="float32")])[0]
+    np.testing.assert_array_equal(got, np.full((2, 10), 3.0, dtype="float32"))

@@ -99,7 +99,9 @@ def evaluate(node, arrays):
             out = op.impl(*arrays, **node.attrs)
     else:
         out = op.impl(*arrays, **node.attrs)
-    return np.asarray(out).astype(node.dtype, copy=False)
+    # C-contiguous and of the node's dtype: generated kernels take no strided views
+    # (np.broadcast_to, for one, returns a stride-0 view)
+    return np.require(out, dtype=node.dtype, requirements="C")
 
 
 def library_call(node):

@@ -655,10 +655,9 @@ def test_sum_gradient_has_no_cast_to_the_same_dtype():
     np.testing.assert_array_equal(got, np.full((2, 10), 3.0, dtype="float32"))
 
 
-@pytest.mark.xfail(strict=True, reason="a group small enough to run through NumPy hands its "
-                   "broadcast_like output (a read-only stride-0 view) to a generated kernel, "
-                   "which Numba cannot compile (reshape of a non-contiguous array)")
 def test_small_broadcast_gradient_feeding_a_kernel():
+    """A group small enough to run through NumPy handed its broadcast_like output (a
+    stride-0 view) to a generated kernel, which Numba could not compile."""
     x = K.variable(np.ones((3, 4)), dtype="float64")
     (gx,) = K.gradients(K.sum(x), [x])  # broadcast_like(1, x): 12 elements, run by NumPy
     y = K.placeholder((None, 3, 4), dtype="float64")

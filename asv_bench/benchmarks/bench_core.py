@@ -1,4 +1,6 @@
 """W1-W3 of WORKLOADS.md: warm calls, NumPy in the same run, compile and load times."""
+import os
+
 import numpy as np
 
 import numbackend as K
@@ -109,30 +111,32 @@ class W3Mlp:
     track_speedup_vs_numpy.unit = "x"
 
 
-_BUILD = """
-import numpy as np, numbackend as K
-from benchmarks.common import mlp_function, mlp_weights, w1_function
-x = np.ones((2, 784), np.float32)
-w1 = w1_function(K)
-mlp = mlp_function(K, mlp_weights())
-w1([np.ones((2, 4096), np.float32)] * 3)
-mlp([x])
-"""
+# Fresh processes do not see asv's import path for the suite: _BUILD puts the suite's
+# folder on sys.path itself.  One line without backslashes: asv pastes the setup into
+# a triple-quoted string, where the escapes of a repr'd multi-line string turn back
+# into raw newlines.
+_SUITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENV_COLD = ("import os, tempfile; "
+             "os.environ['NUMBACKEND_CACHE_DIR'] = tempfile.mkdtemp(prefix='numbackend-asv-')")
+_ENV_WARM = ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = "
+             "os.path.join(tempfile.gettempdir(), 'numbackend-asv-warm')")
+_BUILD = (f"import sys; sys.path.insert(0, {_SUITE!r}); import numpy as np; import numbackend as K; "
+          "from benchmarks.common import mlp_function, mlp_weights, w1_function; "
+          "w1_function(K)([np.ones((2, 4096), np.float32)] * 3); "
+          "mlp_function(K, mlp_weights())([np.ones((2, 784), np.float32)])")
 
 
 class CompileAndLoad:
     """Building and first-calling the W1 and W3 functions in a fresh process."""
 
     def timeraw_compile_cold_cache(self):
-        return ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = tempfile.mkdtemp()"
-                + _BUILD)
+        return f"{_ENV_COLD}; {_BUILD}"
 
     def timeraw_load_warm_cache(self):
-        env = ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = "
-               "os.path.join(tempfile.gettempdir(), 'numbackend-asv-warm')")
+        code = f"{_ENV_WARM}; {_BUILD}"
         # The setup fills the cache from another process, so the timed one only loads.
-        setup = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {env + _BUILD!r}], check=True)"
-        return env + _BUILD, setup
+        setup = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
+        return code, setup
 
     def timeraw_import(self):
         return "import numbackend"

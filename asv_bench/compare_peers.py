@@ -147,53 +147,24 @@ def _cell(t, ours):
     return f"{shown} ({t / ours:4.2f}x)"
 
 
-def train_data():
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((128, 784)).astype(F32)
-    y = np.eye(10, dtype=F32)[rng.integers(0, 10, 128)]
-    return x, y
+def numbackend_train(mlp):
+    from benchmarks.bench_training import w7_step
 
-
-def numbackend_train(mlp, lr=0.01):
     import numbackend as K
-    x, y = K.placeholder((None, 784)), K.placeholder((None, 10))
-    params, h = [], x
-    for i, (w, b) in enumerate(mlp):
-        wv, bv = K.variable(w), K.variable(b)
-        params += [wv, bv]
-        h = K.dot(h, wv) + bv
-        h = K.relu(h) if i < 2 else K.softmax(h)
-    loss = K.mean(K.categorical_crossentropy(y, h))
-    grads = K.gradients(loss, params)
-    step = K.function([x, y], [loss], updates=[(p, p - lr * g) for p, g in zip(params, grads)])
+    step = w7_step(K, mlp)
     return lambda xy: step(list(xy))
 
 
-def numpy_train(mlp, lr=0.01):
-    params = [np.array(v) for wb in mlp for v in wb]
-
-    def step(xy):
-        x, y = xy
-        w1, b1, w2, b2, w3, b3 = params
-        z1 = x @ w1 + b1
-        h1 = np.maximum(z1, 0)
-        z2 = h1 @ w2 + b2
-        h2 = np.maximum(z2, 0)
-        z3 = h2 @ w3 + b3
-        e = np.exp(z3 - z3.max(axis=1, keepdims=True))
-        p = e / e.sum(axis=1, keepdims=True)
-        dz3 = (p - y) / F32(len(x))
-        dh2 = dz3 @ w3.T * (z2 > 0)
-        dh1 = dh2 @ w2.T * (z1 > 0)
-        grads = [x.T @ dh1, dh1.sum(0), h1.T @ dh2, dh2.sum(0), h2.T @ dz3, dz3.sum(0)]
-        for q, g in zip(params, grads):
-            q -= F32(lr) * g
-    return step
+def numpy_train(mlp):
+    from benchmarks.bench_training import w7_numpy_step
+    step = w7_numpy_step(mlp)
+    return lambda xy: step(*xy)
 
 
-def jax_train(mlp, lr=0.01):
+def jax_train(mlp):
     import jax
     import jax.numpy as jnp
+    from benchmarks.bench_training import LEARNING_RATE
 
     def loss_fn(params, x, y):
         h = x
@@ -205,7 +176,7 @@ def jax_train(mlp, lr=0.01):
     @jax.jit
     def step(params, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        return loss, jax.tree_util.tree_map(lambda p, g: p - lr * g, params, grads)
+        return loss, jax.tree_util.tree_map(lambda p, g: p - LEARNING_RATE * g, params, grads)
 
     state = {"params": [(jnp.asarray(w), jnp.asarray(b)) for w, b in mlp]}
 
@@ -237,7 +208,8 @@ def main():
             times[name] = median_time(call, seconds)
         print(f"{label:16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()),
               flush=True)
-    xy = train_data()
+    from benchmarks.bench_training import w7_batch
+    xy = w7_batch()
     train = {"numbackend": numbackend_train, "numpy": numpy_train, "jax": jax_train}
     times = {}
     for name, build in train.items():

@@ -22,8 +22,6 @@ import os
 import sys
 import tempfile
 
-import numpy as np
-
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
@@ -329,7 +327,3 @@ def numba_stats():
             compiled += sum(disp.stats.cache_misses.values())
             hits += sum(disp.stats.cache_hits.values())
     return {"compiled": compiled, "cache_hits": hits}
-
-
-def scalar_dtype(dtype):
-    return np.dtype(dtype)

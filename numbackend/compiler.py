@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from . import codegen
-from .graph import Constant, Placeholder, Variable, format_shape, toposort
+from .graph import Constant, Placeholder, Tensor, Variable, format_shape, toposort
 from .ops import OPS
 
 # Below this many elements a kernel runs its serial loop: a parallel region
@@ -84,9 +84,7 @@ def rewrite(targets):
 
 
 def _copy_node(node, inputs):
-    from .graph import Tensor
-    new = Tensor(node.op, inputs, node.attrs, node.shape, node.dtype, node.name)
-    return new
+    return Tensor(node.op, inputs, node.attrs, node.shape, node.dtype, node.name)
 
 
 def evaluate(node, arrays):
@@ -305,9 +303,7 @@ class Plan:
         self.placeholders = list(placeholders)
         targets = rewrite(targets)
         self.targets = targets
-        order = toposort(targets)
-        self.order = order
-        unit_of = partition(order, targets)
+        unit_of = partition(toposort(targets), targets)
         self.steps = []
         self.kernels = []
         self._build(self._schedule(targets, unit_of), unit_of)
@@ -396,7 +392,6 @@ class Plan:
         self.source = "\n".join(source) + "\n"
         exec(compile(self.source, "<numbackend plan>", "exec"), ns)  # noqa: S102 - our own source
         self.run = ns["plan"]
-        self.namespace = ns
 
     def _emit_group(self, g, value_of, names, ns, lines, new_name):
         members = {m.id: j for j, m in enumerate(g.members)}

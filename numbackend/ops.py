@@ -169,9 +169,6 @@ def normalize_axis(where, axis, ndim):
 # ---------------------------------------------------------------------------
 # Element-wise ops
 
-FLOAT_KINDS = "f"
-
-
 def _promote(inputs):
     return np.result_type(*[np.dtype(t.dtype) for t in inputs]).name
 
@@ -243,39 +240,29 @@ def _np_cast(x, dtype):
     return x.astype(dtype)
 
 
-# Gradient helpers: imported lazily from the API level would break the layering,
-# so gradient rules are written with apply() directly.
-def _a(name, *args, **attrs):
-    return apply(name, *args, **attrs)
-
-
-def _zero(x):
-    return None  # no gradient flows (comparisons, rounding, casts to integers)
-
-
 elementwise("add", 2, "({0} + {1})", np.add, grad=lambda g, n: [g, g])
-elementwise("subtract", 2, "({0} - {1})", np.subtract, grad=lambda g, n: [g, _a("negative", g)])
+elementwise("subtract", 2, "({0} - {1})", np.subtract, grad=lambda g, n: [g, apply("negative", g)])
 elementwise("multiply", 2, "({0} * {1})", np.multiply,
-            grad=lambda g, n: [_a("multiply", g, n.inputs[1]), _a("multiply", g, n.inputs[0])])
+            grad=lambda g, n: [apply("multiply", g, n.inputs[1]), apply("multiply", g, n.inputs[0])])
 elementwise("divide", 2, "({0} / {1})", lambda x, y: np.true_divide(x, y), out="float",
-            grad=lambda g, n: [_a("divide", g, n.inputs[1]),
-                               _a("negative", _a("divide", _a("multiply", g, n),
+            grad=lambda g, n: [apply("divide", g, n.inputs[1]),
+                               apply("negative", apply("divide", apply("multiply", g, n),
                                                  n.inputs[1]))])
 elementwise("floor_divide", 2, "({0} // {1})", _np_floor_divide, grad=lambda g, n: [None, None])
 elementwise("mod", 2, "({0} % {1})", _np_mod,
-            grad=lambda g, n: [g, _a("negative", _a("multiply", g,
-                                                    _a("floor_divide", n.inputs[0], n.inputs[1])))])
+            grad=lambda g, n: [g, apply("negative", apply("multiply", g,
+                                                    apply("floor_divide", n.inputs[0], n.inputs[1])))])
 elementwise("power", 2, "vm.pow_{T}({0}, {1})", _np_power, out="float",
             grad=lambda g, n: [
-                _a("multiply", g, _a("multiply", n.inputs[1],
-                                     _a("power", n.inputs[0], _a("subtract", n.inputs[1], 1)))),
-                _a("multiply", g, _a("multiply", n, _a("log", n.inputs[0])))])
+                apply("multiply", g, apply("multiply", n.inputs[1],
+                                     apply("power", n.inputs[0], apply("subtract", n.inputs[1], 1)))),
+                apply("multiply", g, apply("multiply", n, apply("log", n.inputs[0])))])
 elementwise("maximum", 2, "({0} if ({0} >= {1} or {0} != {0}) else {1})", np.maximum,
-            grad=lambda g, n: [_a("multiply", g, _a("cast", _a("greater_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
-                               _a("multiply", g, _a("cast", _a("less", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+            grad=lambda g, n: [apply("multiply", g, apply("cast", apply("greater_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
+                               apply("multiply", g, apply("cast", apply("less", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
 elementwise("minimum", 2, "({0} if ({0} <= {1} or {0} != {0}) else {1})", np.minimum,
-            grad=lambda g, n: [_a("multiply", g, _a("cast", _a("less_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
-                               _a("multiply", g, _a("cast", _a("greater", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+            grad=lambda g, n: [apply("multiply", g, apply("cast", apply("less_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
+                               apply("multiply", g, apply("cast", apply("greater", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
 for _name, _sym, _fn in (("equal", "==", np.equal), ("not_equal", "!=", np.not_equal),
                          ("less", "<", np.less), ("less_equal", "<=", np.less_equal),
                          ("greater", ">", np.greater), ("greater_equal", ">=", np.greater_equal)):
@@ -288,43 +275,43 @@ elementwise("logical_not", 1, "({0} == 0)", np.logical_not, out="bool", grad=lam
 elementwise("where", 3, "({1} if {0} else {2})", np.where,
             out="promote",
             grad=lambda g, n: [None,
-                               _a("where", n.inputs[0], g, _a("multiply", g, 0)),
-                               _a("where", n.inputs[0], _a("multiply", g, 0), g)])
+                               apply("where", n.inputs[0], g, apply("multiply", g, 0)),
+                               apply("where", n.inputs[0], apply("multiply", g, 0), g)])
 # x broadcast to the shape of x and like together; like only lends its shape.
 elementwise("broadcast_like", 2, "{0}",
             lambda x, like: np.broadcast_to(x, np.broadcast_shapes(x.shape, like.shape)), out="first",
             grad=lambda g, n: [g, None])
-elementwise("negative", 1, "(-{0})", np.negative, grad=lambda g, n: [_a("negative", g)])
+elementwise("negative", 1, "(-{0})", np.negative, grad=lambda g, n: [apply("negative", g)])
 elementwise("abs", 1, "abs({0})", np.abs,
-            grad=lambda g, n: [_a("multiply", g, _a("sign", n.inputs[0]))])
+            grad=lambda g, n: [apply("multiply", g, apply("sign", n.inputs[0]))])
 elementwise("sign", 1, "(({ct}(1) if {0} > 0 else ({ct}(-1) if {0} < 0 else {0})))", np.sign,
             grad=lambda g, n: [None])
 elementwise("square", 1, "({0} * {0})", np.square,
-            grad=lambda g, n: [_a("multiply", g, _a("multiply", n.inputs[0], 2))])
+            grad=lambda g, n: [apply("multiply", g, apply("multiply", n.inputs[0], 2))])
 elementwise("sqrt", 1, "np.sqrt({0})", np.sqrt, out="float",
-            grad=lambda g, n: [_a("divide", g, _a("multiply", n, 2))])
+            grad=lambda g, n: [apply("divide", g, apply("multiply", n, 2))])
 elementwise("exp", 1, "vm.exp_{T}({0})", np.exp, out="float",
-            grad=lambda g, n: [_a("multiply", g, n)])
+            grad=lambda g, n: [apply("multiply", g, n)])
 elementwise("expm1", 1, "vm.expm1_{T}({0})", np.expm1, out="float",
-            grad=lambda g, n: [_a("multiply", g, _a("add", n, 1))])
+            grad=lambda g, n: [apply("multiply", g, apply("add", n, 1))])
 elementwise("log", 1, "vm.log_{T}({0})", np.log, out="float",
-            grad=lambda g, n: [_a("divide", g, n.inputs[0])])
+            grad=lambda g, n: [apply("divide", g, n.inputs[0])])
 elementwise("log1p", 1, "vm.log1p_{T}({0})", np.log1p, out="float",
-            grad=lambda g, n: [_a("divide", g, _a("add", n.inputs[0], 1))])
+            grad=lambda g, n: [apply("divide", g, apply("add", n.inputs[0], 1))])
 elementwise("tanh", 1, "vm.tanh_{T}({0})", np.tanh, out="float",
-            grad=lambda g, n: [_a("multiply", g, _a("subtract", 1, _a("square", n)))])
+            grad=lambda g, n: [apply("multiply", g, apply("subtract", 1, apply("square", n)))])
 elementwise("sigmoid", 1, "vm.sigmoid_{T}({0})", _np_sigmoid, out="float",
-            grad=lambda g, n: [_a("multiply", g, _a("multiply", n, _a("subtract", 1, n)))])
+            grad=lambda g, n: [apply("multiply", g, apply("multiply", n, apply("subtract", 1, n)))])
 elementwise("softplus", 1, "vm.softplus_{T}({0})", _np_softplus, out="float",
-            grad=lambda g, n: [_a("multiply", g, _a("sigmoid", n.inputs[0]))])
+            grad=lambda g, n: [apply("multiply", g, apply("sigmoid", n.inputs[0]))])
 elementwise("sin", 1, "vm.sin_{T}({0})", np.sin, out="float",
-            grad=lambda g, n: [_a("multiply", g, _a("cos", n.inputs[0]))])
+            grad=lambda g, n: [apply("multiply", g, apply("cos", n.inputs[0]))])
 elementwise("cos", 1, "vm.cos_{T}({0})", np.cos, out="float",
-            grad=lambda g, n: [_a("negative", _a("multiply", g, _a("sin", n.inputs[0])))])
+            grad=lambda g, n: [apply("negative", apply("multiply", g, apply("sin", n.inputs[0])))])
 elementwise("round", 1, "vm.rint_{T}({0})", np.round, out="float", grad=lambda g, n: [None])
 elementwise("floor", 1, "np.floor({0})", np.floor, out="float", grad=lambda g, n: [None])
 elementwise("cast", 1, "{ot}({0})", _np_cast, out="cast",
-            grad=lambda g, n: [_a("cast", g, dtype=n.inputs[0].dtype)
+            grad=lambda g, n: [apply("cast", g, dtype=n.inputs[0].dtype)
                                if np.dtype(n.inputs[0].dtype).kind == "f"
                                and np.dtype(n.dtype).kind == "f" else None])
 
@@ -375,28 +362,28 @@ def _grad_sum(g, n):
     x = n.inputs[0]
     g = _keep(g, n)
     if g.dtype != x.dtype:  # a no-op cast would be a kernel of its own
-        g = _a("cast", g, dtype=x.dtype)
+        g = apply("cast", g, dtype=x.dtype)
     return [apply("broadcast_like", g, x)]
 
 
 def _grad_mean(g, n):
     x = n.inputs[0]
     count = apply("axes_size", x, axis=n.attrs["axis"], dtype=x.dtype)
-    return [apply("broadcast_like", _a("divide", _keep(g, n), count), x)]
+    return [apply("broadcast_like", apply("divide", _keep(g, n), count), x)]
 
 
 def _grad_extreme(g, n):
     x = n.inputs[0]
     red = n if n.attrs["keepdims"] else _keep(n, n)
-    hit = _a("cast", _a("equal", x, red), dtype=x.dtype)
+    hit = apply("cast", apply("equal", x, red), dtype=x.dtype)
     count = apply("sum", hit, axis=n.attrs["axis"], keepdims=True)
-    return [_a("multiply", _a("divide", hit, count), _keep(g, n))]
+    return [apply("multiply", apply("divide", hit, count), _keep(g, n))]
 
 
 def _grad_prod(g, n):
     x = n.inputs[0]
     red = n if n.attrs["keepdims"] else _keep(n, n)
-    return [_a("multiply", _keep(g, n), _a("divide", red, x))]
+    return [apply("multiply", _keep(g, n), apply("divide", red, x))]
 
 
 reduction("sum", np.sum, "0", "acc + x", grad=_grad_sum,

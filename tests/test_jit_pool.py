@@ -9,24 +9,10 @@ hand-made case with ties.  Resizing is compared with per-pixel formulas.
 import numpy as np
 import pytest
 
-from jit_kernels import conv, pool, resize
+from jit_kernels import pool, resize
+from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
-RNG = np.random.default_rng(4321)
-
-
-@pytest.fixture(autouse=True)
-def all_threads(monkeypatch):
-    """Run every kernel on all threads, however small the arrays, so that the
-    tests see the parallel loops (the serial fallback is the same code)."""
-    monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 0)
-
-
-def random(shape, dtype=np.float64):
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def inner(a, b):
-    return float(np.sum(np.asarray(a, np.float64) * np.asarray(b, np.float64)))
+random = random_arrays(4321)
 
 
 def window_slices(spatial, pool_size, strides, padding):

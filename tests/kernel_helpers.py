@@ -1,0 +1,26 @@
+"""Helpers shared by the jit_kernels tests."""
+import numpy as np
+import pytest
+
+from jit_kernels import conv
+
+
+@pytest.fixture(autouse=True)
+def all_threads(monkeypatch):
+    """Run every kernel on all threads, however small the arrays, so that the
+    tests see the parallel loops (the serial fallback is the same code)."""
+    monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 0)
+
+
+def random_arrays(seed):
+    """A ``random(shape, dtype=float64)`` drawing standard normal arrays from one seeded stream."""
+    rng = np.random.default_rng(seed)
+
+    def random(shape, dtype=np.float64):
+        return rng.standard_normal(shape).astype(dtype)
+    return random
+
+
+def inner(a, b):
+    """<a, b> in float64."""
+    return float(np.sum(np.asarray(a, np.float64) * np.asarray(b, np.float64)))

@@ -70,3 +70,62 @@ def mlp_numpy(weights, x):
         h = h @ w + b
         h = np.maximum(h, 0) if i < len(weights) - 1 else softmax_numpy(h)
     return h
+
+
+# W4: Keras mnist_cnn (channels_last): 28x28x1 -> conv 3x3x32 relu -> conv 3x3x64 relu
+# (both 'valid') -> max pool 2x2 -> flatten -> dense 128 relu -> dense 10 softmax.
+
+def cnn_weights():
+    """[(conv1 k, b), (conv2 k, b), (dense1 w, b), (dense2 w, b)], Keras layouts,
+    each kernel scaled by 1/sqrt(fan_in) as mlp_weights does."""
+    r = rng()
+    shapes = [(3, 3, 1, 32), (3, 3, 32, 64), (12 * 12 * 64, 128), (128, 10)]
+    return [(r.standard_normal(s).astype(F32) / F32(np.sqrt(np.prod(s[:-1]))),
+             r.standard_normal(s[-1]).astype(F32)) for s in shapes]
+
+
+def cnn_inputs(batch):
+    return rng().standard_normal((batch, 28, 28, 1)).astype(F32)
+
+
+def cnn_graph(K, weights, x):
+    """The forward graph on the input tensor x; returns (probabilities, variables)."""
+    params = [(K.variable(w), K.variable(b)) for w, b in weights]
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = params
+    h = K.relu(K.bias_add(K.conv2d(x, k1, data_format="channels_last"), c1,
+                          data_format="channels_last"))
+    h = K.relu(K.bias_add(K.conv2d(h, k2, data_format="channels_last"), c2,
+                          data_format="channels_last"))
+    h = K.pool2d(h, (2, 2), strides=(2, 2), data_format="channels_last", pool_mode="max")
+    h = K.relu(K.dot(K.batch_flatten(h), w3) + b3)
+    return K.softmax(K.dot(h, w4) + b4), [v for wb in params for v in wb]
+
+
+def cnn_function(K, weights):
+    x = K.placeholder((None, 28, 28, 1))
+    return K.function([x], [cnn_graph(K, weights, x)[0]])
+
+
+def conv2d_valid_numpy(x, w):
+    """'valid' cross-correlation of x (N, H, W, C) with w (KH, KW, C, OC): im2col by
+    sliding_window_view, then one matrix product."""
+    kh, kw, c, oc = w.shape
+    windows = np.lib.stride_tricks.sliding_window_view(x, (kh, kw), axis=(1, 2))
+    # windows: (N, OH, OW, C, KH, KW) -> columns ordered (KH, KW, C) like w
+    n, oh, ow = windows.shape[:3]
+    cols = windows.transpose(0, 1, 2, 4, 5, 3).reshape(n * oh * ow, kh * kw * c)
+    return (cols @ w.reshape(-1, oc)).reshape(n, oh, ow, oc)
+
+
+def max_pool_2x2_numpy(x):
+    n, h, w, c = x.shape
+    return x[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c).max(axis=(2, 4))
+
+
+def cnn_numpy(weights, x):
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = weights
+    h = np.maximum(conv2d_valid_numpy(x, k1) + c1, 0)
+    h = np.maximum(conv2d_valid_numpy(h, k2) + c2, 0)
+    h = max_pool_2x2_numpy(h).reshape(len(x), -1)
+    h = np.maximum(h @ w3 + b3, 0)
+    return softmax_numpy(h @ w4 + b4)

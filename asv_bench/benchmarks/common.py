@@ -129,3 +129,81 @@ def cnn_numpy(weights, x):
     h = max_pool_2x2_numpy(h).reshape(len(x), -1)
     h = np.maximum(h @ w3 + b3, 0)
     return softmax_numpy(h @ w4 + b4)
+
+
+# W6: CTC loss and its gradient, batch 32, 100 frames, 30 classes (blank last),
+# labels of 20.
+
+def ctc_inputs(batch=32, steps=100, classes=30, label_length=20):
+    """(y_pred softmax output (batch, steps, classes), labels (batch, label_length) int32,
+    input_length (batch, 1) and label_length (batch, 1) int32); labels avoid the blank."""
+    r = rng()
+    logits = r.standard_normal((batch, steps, classes)).astype(F32)
+    labels = r.integers(0, classes - 1, (batch, label_length)).astype(np.int32)
+    return (softmax_numpy(logits), labels, np.full((batch, 1), steps, np.int32),
+            np.full((batch, 1), label_length, np.int32))
+
+
+def ctc_function(K, batch, steps, classes, label_length):
+    """``f([y_pred, labels, input_length, label_length]) -> [loss (batch, 1),
+    d sum(loss) / d y_pred]``."""
+    y_pred = K.placeholder((batch, steps, classes))
+    labels = K.placeholder((batch, label_length), dtype="int32")
+    input_length = K.placeholder((batch, 1), dtype="int32")
+    lengths = K.placeholder((batch, 1), dtype="int32")
+    loss = K.ctc_batch_cost(labels, y_pred, input_length, lengths)
+    grad = K.gradients(K.sum(loss), [y_pred])[0]
+    return K.function([y_pred, labels, input_length, lengths], [loss, grad])
+
+
+def _logaddexp3(a, b, c):
+    top = np.maximum(np.maximum(a, b), c)
+    safe = np.where(np.isfinite(top), top, 0.0)
+    return np.log(np.exp(a - safe) + np.exp(b - safe) + np.exp(c - safe)) + safe
+
+
+def ctc_numpy(y_pred, labels, eps=1e-7):
+    """CTC loss (batch,) and d sum(loss) / d y_pred as Keras's ctc_batch_cost defines
+    them (softmax over log(y_pred + eps), blank last), every frame and label used:
+    log-space forward-backward in float64, vectorised over samples and lattice states,
+    a Python loop over frames."""
+    with np.errstate(divide="ignore"):
+        return _ctc_numpy(y_pred, labels, eps)
+
+
+def _ctc_numpy(y_pred, labels, eps):
+    batch, steps, classes = y_pred.shape
+    blank = classes - 1
+    p = y_pred.astype(np.float64) + eps
+    p /= p.sum(axis=-1, keepdims=True)
+    logp = np.log(p)
+    states = 2 * labels.shape[1] + 1
+    ext = np.full((batch, states), blank, np.int64)
+    ext[:, 1::2] = labels
+    # a skip from state s - 2 to s: s a label that differs from the label before it
+    skip = np.zeros((batch, states), bool)
+    skip[:, 2:] = (ext[:, 2:] != blank) & (ext[:, 2:] != ext[:, :-2])
+    lp = np.take_along_axis(logp, np.broadcast_to(ext[:, None, :], (batch, steps, states)), 2)
+    neg = np.full((batch, 1), -np.inf)
+    alpha = np.full((steps, batch, states), -np.inf)
+    alpha[0, :, :2] = lp[:, 0, :2]
+    for t in range(1, steps):
+        prev = alpha[t - 1]
+        one = np.concatenate([neg, prev[:, :-1]], 1)
+        two = np.where(skip, np.concatenate([neg, neg, prev[:, :-2]], 1), -np.inf)
+        alpha[t] = _logaddexp3(prev, one, two) + lp[:, t]
+    beta = np.full((steps, batch, states), -np.inf)
+    beta[-1, :, -2:] = lp[:, -1, -2:]
+    skip_next = np.concatenate([skip[:, 2:], np.zeros((batch, 2), bool)], 1)
+    for t in range(steps - 2, -1, -1):
+        nxt = beta[t + 1]
+        one = np.concatenate([nxt[:, 1:], neg], 1)
+        two = np.where(skip_next, np.concatenate([nxt[:, 2:], neg, neg], 1), -np.inf)
+        beta[t] = _logaddexp3(nxt, one, two) + lp[:, t]
+    log_z = np.logaddexp(alpha[-1, :, -1], alpha[-1, :, -2])
+    # posterior of each state per frame (alpha and beta both hold that frame's term)
+    post = np.exp(alpha + beta - lp.transpose(1, 0, 2) - log_z[None, :, None])
+    onehot = (ext[:, :, None] == np.arange(classes)).astype(np.float64)
+    occupancy = np.matmul(post.transpose(1, 0, 2), onehot)       # (batch, steps, classes)
+    grad_logits = p - occupancy
+    return -log_z, (grad_logits / (y_pred.astype(np.float64) + eps)).astype(y_pred.dtype)

@@ -15,7 +15,8 @@ from . import keras_compat as _keras_compat
 
 _keras_compat.apply()
 
-from . import autodiff, config, conv, core, ctc, math, nn, pending, random, updates
+from . import autodiff, config, conv, core, ctc, math, nn, random, updates
+from . import rnn as _rnn_module  # K.rnn is the function
 from .autodiff import *
 from .config import (
     backend,
@@ -37,13 +38,10 @@ from .graph import Tensor, Variable
 from .math import *
 from .nn import *
 from .random import *
+from .rnn import *
 from .updates import *
 
 config.load_config()
-
-# Names of features still to come raise NotImplementedError; real definitions win.
-for _name in pending.__all__:
-    globals().setdefault(_name, getattr(pending, _name))
 
 __all__ = [
     "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx", "image_data_format",
@@ -56,6 +54,6 @@ __all__ += core.__all__
 __all__ += ctc.__all__
 __all__ += math.__all__
 __all__ += nn.__all__
-__all__ += [n for n in pending.__all__ if n not in __all__]
 __all__ += random.__all__
+__all__ += _rnn_module.__all__
 __all__ += updates.__all__

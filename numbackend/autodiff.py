@@ -48,7 +48,14 @@ def gradients(loss, variables):
             continue  # not differentiable: contributes nothing
         input_grads = rule(g, node)
         for inp, gi in zip(node.inputs, input_grads):
-            if gi is None or inp.id not in relevant or not _is_float(inp):
+            if gi is None or inp.id not in relevant:
+                continue
+            if inp.op in OPS and OPS[inp.op].multi_output:  # gi: the gradient of one item
+                parts = grads.setdefault(inp.id, {})
+                k = node.attrs["index"]
+                parts[k] = gi if k not in parts else apply("add", parts[k], gi)
+                continue
+            if not _is_float(inp):
                 continue
             gi = _fit(gi, inp)
             previous = grads.get(inp.id)

@@ -61,7 +61,7 @@ def rewrite(targets):
             continue
         inputs = [replaced[i.id] for i in node.inputs]
         op = OPS[node.op]
-        if (not op.stateful and node.op != "print_tensor" and inputs
+        if (not op.stateful and not op.multi_output and node.op != "print_tensor" and inputs
                 and all(i.op == "constant" for i in inputs)):
             value = evaluate(node, [i.value for i in inputs])
             new = Constant(value, dtype=node.dtype)
@@ -97,6 +97,8 @@ def evaluate(node, arrays):
             out = op.impl(*arrays, **node.attrs)
     else:
         out = op.impl(*arrays, **node.attrs)
+        if op.multi_output:
+            return out
     # C-contiguous and of the node's dtype: generated kernels take no strided views
     # (np.broadcast_to, for one, returns a stride-0 view)
     return np.require(out, dtype=node.dtype, requirements="C")
@@ -106,6 +108,8 @@ def library_call(node):
     """A plan step's callable for a library node: its op's NumPy/BLAS code with the
     attributes bound, the result in the node's dtype (one call, no dispatch)."""
     impl = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    if OPS[node.op].multi_output:
+        return impl
     dtype = np.dtype(node.dtype)
 
     def call(*arrays):

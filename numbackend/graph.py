@@ -224,3 +224,16 @@ def toposort(outputs):
 
 def format_shape(shape):
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def substitute(targets, replacements):
+    """Copies of ``targets`` with each node whose id is a key of ``replacements``
+    replaced by its value; nodes that depend on no replaced node are shared."""
+    new = dict(replacements)
+    for node in toposort(targets):
+        if node.id in new:
+            continue
+        inputs = [new.get(i.id, i) for i in node.inputs]
+        if any(a is not b for a, b in zip(inputs, node.inputs)):
+            new[node.id] = Tensor(node.op, inputs, node.attrs, node.shape, node.dtype, node.name)
+    return [new.get(t.id, t) for t in targets]

@@ -27,7 +27,7 @@ OPS = {}
 
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
-                 reduce_combine=None, compute_dtype=None, stateful=False):
+                 reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -38,6 +38,8 @@ class Op:
         self.reduce_combine = reduce_combine
         self.compute_dtype = compute_dtype
         self.stateful = stateful  # draws random numbers: never folded or merged
+        # its value is a tuple of arrays, read by 'tuple_item' nodes; never folded
+        self.multi_output = multi_output
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -403,8 +405,15 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 # Library ops: one plan step each, NumPy/BLAS or jit_kernels
 
 
-def library(name, infer, impl, grad=None, stateful=False):
-    return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful))
+def library(name, infer, impl, grad=None, stateful=False, multi_output=False):
+    return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
+                       multi_output=multi_output))
+
+
+# One output of a multi-output node (whose value is a tuple); autodiff gathers
+# the gradients of a node's items into a dict {index: gradient} for its rule.
+library("tuple_item", lambda inputs, attrs: (attrs["shape"], attrs["dtype"]),
+        lambda packed, index, shape, dtype: packed[index], grad=lambda g, n: [g])
 
 
 def _shape_of(where, shape):

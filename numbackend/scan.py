@@ -1,0 +1,340 @@
+"""The scan op: a step sub-graph run once per element of axis 0 of its sequences.
+
+``scan(step, sequences, initial_states)`` traces ``step`` once on placeholders
+(one step's slices of the sequences and the carried states) and splits what it
+recorded three ways:
+
+- loop invariants (depend on neither): computed once, outside the loop, and fed
+  to every step (weights, biases, dropout masks, constants);
+- work on the sequences alone that is the same op for every step (element-wise
+  ops, products with an invariant matrix, slicing): hoisted out of the loop and
+  run once over all steps, so that an RNN's input projection is one large
+  matrix product rather than one small product per step;
+- the rest, the body: compiled once into a plan (fused kernels, BLAS calls)
+  that the scan op runs per step.
+
+A scan node's value is a tuple: each per-step output stacked along a new axis 0,
+then each state, stacked per step too (its history) or only its final value.
+Its gradient is another scan, run in the opposite direction, whose body is the
+vector-Jacobian product of the step (back-propagation through time); it
+recomputes each step's forward values from the stored state history.
+"""
+import numpy as np
+
+from .graph import Constant, Placeholder, format_shape, substitute, toposort
+from .ops import OPS, apply, as_tensor, library
+
+
+class Body:
+    """A traced step: its placeholders (sequence slices, states, invariants) and
+    its targets (per-step outputs, then new states), compiled on first use."""
+
+    def __init__(self, where, seq_inputs, state_inputs, invariant_inputs, outputs, new_states):
+        self.where = where
+        self.seq_inputs = seq_inputs
+        self.state_inputs = state_inputs
+        self.invariant_inputs = invariant_inputs
+        self.outputs = outputs
+        self.new_states = new_states
+        self._plan = None
+
+    @property
+    def plan(self):
+        if self._plan is None:
+            from .compiler import Plan
+            self._plan = Plan(self.seq_inputs + self.state_inputs + self.invariant_inputs,
+                              self.outputs + self.new_states)
+        return self._plan
+
+    def __repr__(self):
+        return f"<Body {self.where} {id(self):x}>"
+
+
+def _scan_infer(inputs, attrs):
+    body = attrs["body"]
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    lengths = {s.shape[0] for s in inputs[:n_seq]} - {None}
+    if len(lengths) > 1:
+        raise ValueError(f"{body.where}: the sequences differ in length along axis 0: "
+                         + ", ".join(format_shape(s.shape) for s in inputs[:n_seq]))
+    attrs["length"] = lengths.pop() if lengths else None
+    for j, (init, ph) in enumerate(zip(inputs[n_seq:n_seq + n_state], body.state_inputs)):
+        if init.dtype != ph.dtype:
+            raise TypeError(f"{body.where}: initial state {j} has dtype {init.dtype}, "
+                            f"the step expects {ph.dtype}")
+    return (), (body.outputs + body.new_states)[0].dtype
+
+
+def _run_scan(*arrays, body, reverse, keep_history, length):
+    """The scan's value: stacked per-step outputs, then the states (stacked or final)."""
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    seqs = arrays[:n_seq]
+    states = arrays[n_seq:n_seq + n_state]
+    invariants = arrays[n_seq + n_state:]
+    steps = seqs[0].shape[0]
+    if steps == 0:
+        raise ValueError(f"{body.where}: the sequences are empty along axis 0 (shape "
+                         f"{seqs[0].shape})")
+    for s in seqs[1:]:
+        if s.shape[0] != steps:
+            raise ValueError(f"{body.where}: the sequences differ in length along axis 0: "
+                             + ", ".join(str(a.shape) for a in seqs))
+    run = body.plan.run
+    n_out = len(body.outputs)
+    n_stacked = n_out + (n_state if keep_history else 0)
+    stacked = None
+    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        result = run(*[s[t] for s in seqs], *states, *invariants)
+        if stacked is None:
+            for j in range(n_state):
+                if result[n_out + j].shape != states[j].shape:
+                    raise ValueError(f"{body.where}: the step turns state {j} of shape "
+                                     f"{states[j].shape} into one of shape "
+                                     f"{result[n_out + j].shape}")
+            stacked = [np.empty((steps,) + r.shape, r.dtype) for r in result[:n_stacked]]
+        for k in range(n_stacked):
+            stacked[k][t] = result[k]
+        states = result[n_out:]
+    return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)
+
+
+def _item(node, index):
+    """Output ``index`` of a scan node as a tensor."""
+    body = node.attrs["body"]
+    targets = body.outputs + body.new_states
+    t = targets[index]
+    stacked = index < len(body.outputs) or node.attrs["keep_history"]
+    shape = ((node.attrs["length"],) + t.shape) if stacked else body.state_inputs[
+        index - len(body.outputs)].shape
+    return apply("tuple_item", node, index=index, shape=shape, dtype=t.dtype)
+
+
+def _shift(history, init, reverse):
+    """Each step's previous state: the history moved one step, the initial state first."""
+    first = apply("reshape_like", init, apply("getitem", history, key=(slice(0, 1),)))
+    if reverse:
+        return apply("concatenate", apply("getitem", history, key=(slice(1, None),)), first, axis=0)
+    return apply("concatenate", first, apply("getitem", history, key=(slice(None, -1),)), axis=0)
+
+
+def _is_float(t):
+    return np.dtype(t.dtype).kind == "f"
+
+
+def _zeros_like(t):
+    return apply("broadcast_like", Constant(np.zeros((), dtype=t.dtype)), t)
+
+
+def _total(products):
+    """The sum of all elements of each product, added up: the scalar whose gradient
+    is a vector-Jacobian product."""
+    total = None
+    for a, b in products:
+        term = apply("sum", apply("multiply", a, b), axis=tuple(range(a.ndim)))
+        total = term if total is None else apply("add", total, term)
+    return total
+
+
+def _scan_grad(grads, node):
+    """Back-propagation through time: a reverse scan over the step's VJP."""
+    from .autodiff import gradients
+    body = node.attrs["body"]
+    reverse, keep = node.attrs["reverse"], node.attrs["keep_history"]
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    n_out = len(body.outputs)
+    seqs = list(node.inputs[:n_seq])
+    inits = list(node.inputs[n_seq:n_seq + n_state])
+    invariants = list(node.inputs[n_seq + n_state:])
+    history_node = node if keep else apply("scan", *node.inputs, body=body, reverse=reverse,
+                                           keep_history=True)
+    previous = [_shift(_item(history_node, n_out + j), init, reverse)
+                for j, init in enumerate(inits)]
+    out_cots = [(k, grads[k]) for k in range(n_out) if k in grads]
+    state_cots = [(j, grads[n_out + j]) for j in range(n_state)
+                  if keep and n_out + j in grads and _is_float(inits[j])]
+    float_states = [j for j in range(n_state) if _is_float(inits[j])]
+    float_invariants = [m for m, v in enumerate(invariants) if _is_float(v)]
+    float_seqs = [i for i, s in enumerate(seqs) if _is_float(s)]
+
+    def vjp_step(slices, carries):
+        slices = list(slices)
+        x_t = slices[:n_seq]
+        prev_t = slices[n_seq:n_seq + n_state]
+        cot_t = slices[n_seq + n_state:]
+        out_cot_t, state_cot_t = cot_t[:len(out_cots)], cot_t[len(out_cots):]
+        carried = dict(zip(float_states, carries[:len(float_states)]))
+        sums = carries[len(float_states):]
+        replacements = {p.id: v for p, v in zip(body.seq_inputs, x_t)}
+        replacements.update({p.id: v for p, v in zip(body.state_inputs, prev_t)})
+        # stand-ins, so that each invariant's gradient is its own partial derivative
+        # even where one invariant is computed from another outside the loop
+        stand_ins = [Placeholder(v.shape, v.dtype, name=f"{body.where} invariant") for v in invariants]
+        replacements.update({p.id: v for p, v in zip(body.invariant_inputs, stand_ins)})
+        forward = substitute(body.outputs + body.new_states, replacements)
+        state_cot = dict(carried)
+        for (j, _), c in zip(state_cots, state_cot_t):
+            state_cot[j] = apply("add", state_cot[j], c)
+        products = [(forward[k], c) for (k, _), c in zip(out_cots, out_cot_t)]
+        products += [(forward[n_out + j], c) for j, c in state_cot.items()]
+        wrt = ([x_t[i] for i in float_seqs] + [prev_t[j] for j in float_states]
+               + [stand_ins[m] for m in float_invariants])
+        total = _total(products)
+        g = gradients(total, wrt) if total is not None else [None] * len(wrt)
+        g = [_zeros_like(w) if gi is None else gi for w, gi in zip(wrt, g)]
+        d_x = g[:len(float_seqs)]
+        d_prev = g[len(float_seqs):len(float_seqs) + len(float_states)]
+        d_inv = g[len(float_seqs) + len(float_states):]
+        results = d_x + d_prev + [apply("add", s, d) for s, d in zip(sums, d_inv)]
+        results = substitute(results, {p.id: v for p, v in zip(stand_ins, invariants)})
+        return results[:len(d_x)], results[len(d_x):]
+
+    cot_seqs = [c for _, c in out_cots] + [c for _, c in state_cots]
+    initial = []
+    for j in float_states:
+        final_cot = None if keep else grads.get(n_out + j)
+        initial.append(_zeros_like(inits[j]) if final_cot is None else final_cot)
+    initial += [_zeros_like(invariants[m]) for m in float_invariants]
+    d_seqs, finals = scan(vjp_step, seqs + previous + cot_seqs, initial, reverse=not reverse,
+                          keep_history=False, where=body.where + " gradient")
+    result = [None] * len(node.inputs)
+    for i, d in zip(float_seqs, d_seqs):
+        result[i] = d
+    for j, d in zip(float_states, finals[:len(float_states)]):
+        result[n_seq + j] = d
+    for m, d in zip(float_invariants, finals[len(float_states):]):
+        result[n_seq + n_state + m] = d
+    return result
+
+
+library("scan", _scan_infer, _run_scan, grad=_scan_grad, multi_output=True)
+
+
+# ---------------------------------------------------------------------------
+# Tracing and hoisting
+
+
+def _batched(node, inputs, kinds):
+    """``node`` applied to all steps at once (its sequence operands carry a leading
+    step axis), or None where that is not the same op."""
+    seq_operands = [i for i in node.inputs if kinds[i.id] == "seq"]
+    op = OPS[node.op]
+    if op.kind == "elementwise":
+        # invariants no wider than the per-step operands broadcast the same way
+        if all(i.ndim == node.ndim for i in seq_operands):
+            return apply(node.op, *inputs, **node.attrs)
+        return None
+    if node.op == "dot" and kinds[node.inputs[0].id] == "seq" and kinds[node.inputs[1].id] == "inv" \
+            and not node.attrs.get("transpose_a") and not node.attrs.get("transpose_b"):
+        return apply("dot", *inputs)
+    if node.op == "getitem":
+        return apply("getitem", inputs[0], key=(slice(None),) + node.attrs["key"])
+    return None
+
+
+def scan(step, sequences, initial_states, reverse=False, keep_history=True, where="scan"):
+    """Run ``step(slices, states) -> (outputs, new_states)`` along axis 0 of the
+    sequences; returns (outputs stacked per step, states stacked per step when
+    ``keep_history`` else their final values), as lists of tensors."""
+    sequences = [as_tensor(s, where=where) for s in sequences]
+    initial_states = [as_tensor(s, where=where) for s in initial_states]
+    if not sequences:
+        raise ValueError(f"{where}: nothing to scan over")
+    for s in sequences:
+        if s.ndim == 0:
+            raise ValueError(f"{where}: a sequence must have rank >= 1, got a scalar")
+    seq_ph = [Placeholder(s.shape[1:], s.dtype, name=f"{where} step input {i}")
+              for i, s in enumerate(sequences)]
+    state_ph = [Placeholder(s.shape, s.dtype, name=f"{where} state {j}")
+                for j, s in enumerate(initial_states)]
+    outputs, new_states = step(seq_ph, state_ph)
+    outputs = [as_tensor(o, where=where) for o in outputs]
+    new_states = [as_tensor(s, where=where) for s in new_states]
+    if len(new_states) != len(state_ph):
+        raise ValueError(f"{where}: the step returned {len(new_states)} state(s) for "
+                         f"{len(state_ph)} initial state(s)")
+    for j, (ph, new) in enumerate(zip(state_ph, new_states)):
+        if new.dtype != ph.dtype:
+            raise TypeError(f"{where}: the step returned state {j} of dtype {new.dtype}; "
+                            f"its initial state has dtype {ph.dtype}")
+        if new.ndim != ph.ndim or any(a is not None and b is not None and a != b
+                                      for a, b in zip(new.shape, ph.shape)):
+            raise ValueError(f"{where}: the step returned state {j} of shape "
+                             f"{format_shape(new.shape)}; its initial state has shape "
+                             f"{format_shape(ph.shape)}")
+    targets = outputs + new_states
+    kinds, outer = _classify(targets, seq_ph, state_ph, sequences)
+
+    # the boundary of the body: hoisted values and invariants it reads
+    body_seq, body_seq_outer, body_inv, body_inv_outer = [], [], [], []
+    replacements = {}
+
+    def boundary(node):
+        if node.id in replacements or kinds[node.id] == "state" or node.id not in outer:
+            return
+        if node.op == "constant":
+            return
+        ph = Placeholder(node.shape, node.dtype, name=f"{where} body input")
+        replacements[node.id] = ph
+        if kinds[node.id] == "seq":
+            body_seq.append(ph)
+            body_seq_outer.append(outer[node.id])
+        else:
+            body_inv.append(ph)
+            body_inv_outer.append(outer[node.id])
+
+    for node in toposort(targets):
+        if node.id in outer:
+            continue
+        for i in node.inputs:
+            boundary(i)
+    stacked_direct = {}
+    for k, t in enumerate(outputs):
+        if kinds[t.id] == "seq" and t.id in outer:
+            stacked_direct[k] = outer[t.id]  # the whole output was computed outside the loop
+    if not new_states and len(stacked_direct) == len(outputs):
+        return [stacked_direct[k] for k in range(len(outputs))], []
+    for t in targets:
+        boundary(t)
+    if not targets:
+        raise ValueError(f"{where}: the step returned no outputs and no states")
+    if not body_seq:  # every step is the same: still one step per element
+        ph = Placeholder(seq_ph[0].shape, seq_ph[0].dtype, name=f"{where} step input")
+        body_seq.append(ph)
+        body_seq_outer.append(sequences[0])
+    body_targets = substitute(targets, replacements)
+    body = Body(where, body_seq, state_ph, body_inv, body_targets[:len(outputs)],
+                body_targets[len(outputs):])
+    node = apply("scan", *body_seq_outer, *initial_states, *body_inv_outer, body=body,
+                 reverse=reverse, keep_history=keep_history)
+    stacked = [stacked_direct[k] if k in stacked_direct else _item(node, k)
+               for k in range(len(outputs))]
+    states = [_item(node, len(outputs) + j) for j in range(len(new_states))]
+    return stacked, states
+
+
+def _classify(targets, seq_ph, state_ph, sequences):
+    """Each node's kind ('state': depends on a state; 'seq': on the sequences only;
+    'inv': on neither) and, for nodes computable outside the loop, their outer
+    value (over all steps for 'seq' nodes)."""
+    kinds, outer = {}, {}
+    seq_ids = {p.id: s for p, s in zip(seq_ph, sequences)}
+    state_ids = {p.id for p in state_ph}
+    for node in toposort(targets):
+        if node.id in state_ids:
+            kinds[node.id] = "state"
+        elif node.id in seq_ids:
+            kinds[node.id] = "seq"
+            outer[node.id] = seq_ids[node.id]
+        else:
+            below = {kinds[i.id] for i in node.inputs}
+            kind = "state" if "state" in below else "seq" if "seq" in below else "inv"
+            kinds[node.id] = kind
+            if kind == "inv":
+                outer[node.id] = node
+            elif kind == "seq" and all(i.id in outer for i in node.inputs) \
+                    and not OPS[node.op].stateful:
+                batched = _batched(node, [outer[i.id] for i in node.inputs], kinds)
+                if batched is not None:
+                    outer[node.id] = batched
+    return kinds, outer
+

@@ -10,6 +10,10 @@ def _time_major(x):
     return apply("transpose", x, axes=(1, 0) + tuple(range(2, x.ndim)))
 
 
+def _same_shape(a, b):
+    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
+
+
 def _mask_for(m_t, target):
     """The per-step mask (batch,) shaped to broadcast against ``target``."""
     return apply("reshape", m_t, shape=(-1,) + (1,) * (target.ndim - 1))
@@ -65,7 +69,7 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     # masked steps repeat the first state where it can stand for the output
     # (Keras's cells); otherwise the previous output, carried as an extra state
     carry_output = mask is not None and (
-        not initial_states or initial_states[0].ndim != first_output.ndim
+        not initial_states or not _same_shape(initial_states[0].shape, first_output.shape)
         or initial_states[0].dtype != first_output.dtype)
     states = list(initial_states)
     if carry_output:

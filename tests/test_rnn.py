@@ -1,0 +1,276 @@
+"""K.rnn, foldl, foldr and map_fn against explicit NumPy loops; gradients
+against central finite differences."""
+import numpy as np
+import pytest
+
+import numbackend as K
+from numbackend.graph import toposort
+
+RNG = np.random.default_rng(7)
+B, T, I, U = 3, 5, 4, 6
+
+
+def weights(dtype="float64"):
+    r = np.random.default_rng(1)
+    return (r.standard_normal((I, U)).astype(dtype) * 0.5,
+            r.standard_normal((U, U)).astype(dtype) * 0.4,
+            r.standard_normal(U).astype(dtype) * 0.1)
+
+
+def numpy_rnn(x, w, u, b, h0, mask=None, backwards=False, const=0.0):
+    """tanh RNN h_t = tanh(x_t w + h_{t-1} u + b + const); TF's masking rule."""
+    h, outs = h0, []
+    steps = range(x.shape[1] - 1, -1, -1) if backwards else range(x.shape[1])
+    for t in steps:
+        new = np.tanh(x[:, t] @ w + h @ u + b + const)
+        if mask is not None:
+            new = np.where(mask[:, t][:, None], new, h)
+        h = new
+        outs.append(h)
+    return h, np.stack(outs, axis=1)
+
+
+def build_rnn(dtype="float64", **options):
+    w, u, b = (K.variable(v, dtype=dtype) for v in weights(dtype))
+    x = K.placeholder((None, T, I), dtype=dtype)
+    h0 = K.placeholder((None, U), dtype=dtype)
+
+    def step(x_t, states):
+        extra = states[1] if len(states) > 1 else 0.0
+        h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u) + b + extra)
+        return h, [h]
+
+    last, outputs, states = K.rnn(step, x, [h0], **options)
+    return (w, u, b), x, h0, last, outputs, states
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_rnn_matches_a_numpy_loop(go_backwards, masked):
+    mask_value = RNG.random((B, T)) > 0.3
+    mask = K.constant(mask_value, dtype="bool") if masked else None
+    (_w, _u, _b), x, h0, last, outputs, states = build_rnn(go_backwards=go_backwards, mask=mask)
+    fn = K.function([x, h0], [last, outputs, states[0]])
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
+    got_last, got_outputs, got_state = fn([xv, hv])
+    want_h, want_outputs = numpy_rnn(xv, *weights(), hv, mask_value if masked else None,
+                                     go_backwards)
+    assert got_outputs.shape == (B, T, U)
+    np.testing.assert_allclose(got_outputs, want_outputs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_last, want_outputs[:, -1], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_state, want_h, rtol=1e-10, atol=1e-12)
+
+
+def test_rnn_constants_unroll_and_input_length():
+    c = K.placeholder((None, U), dtype="float64")
+    (_w, _u, _b), x, h0, _last, outputs, _states = build_rnn(constants=[c], unroll=True,
+                                                       input_length=T)
+    fn = K.function([x, h0, c], [outputs])
+    xv, hv, cv = (RNG.standard_normal(s) for s in ((B, T, I), (B, U), (B, U)))
+    _, want = numpy_rnn(xv, *weights(), hv, const=cv)
+    np.testing.assert_allclose(fn([xv, hv, cv])[0], want, rtol=1e-10, atol=1e-12)
+
+
+def test_rnn_with_two_states_and_a_separate_output():
+    x = K.placeholder((None, T, 2), dtype="float64")
+    s0 = K.placeholder((None, 2), dtype="float64")
+
+    def step(x_t, states):
+        total, count = states
+        return total * 2.0, [total + x_t, count + 1.0]
+
+    last, outputs, (total, count) = K.rnn(step, x, [s0, s0])
+    xv, sv = RNG.standard_normal((B, T, 2)), RNG.standard_normal((B, 2))
+    got = K.function([x, s0], [last, outputs, total, count])([xv, sv])
+    running = sv[:, None] + np.concatenate([np.zeros((B, 1, 2)), np.cumsum(xv, axis=1)[:, :-1]], axis=1)
+    np.testing.assert_allclose(got[1], 2 * running)
+    np.testing.assert_allclose(got[0], 2 * running[:, -1])
+    np.testing.assert_allclose(got[2], sv + xv.sum(axis=1))
+    np.testing.assert_allclose(got[3], sv + T)
+
+
+def test_masked_steps_repeat_the_previous_output_when_it_is_not_a_state():
+    # the output (a sum) has another shape than the state: the previous output is carried
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, I), dtype="float64")
+    mask_value = np.array([[1, 0, 1, 0, 0], [0, 0, 1, 1, 1], [1, 1, 1, 1, 0]], dtype=bool)
+
+    def step(x_t, states):
+        h = states[0] + x_t
+        return K.sum(h, axis=1, keepdims=True), [h]
+
+    _, outputs, _ = K.rnn(step, x, [h0], mask=K.constant(mask_value, dtype="bool"))
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, I))
+    (got,) = K.function([x, h0], [outputs])([xv, hv])
+    h, out, want = hv, np.zeros((B, 1)), []
+    for t in range(T):
+        m = mask_value[:, t][:, None]
+        h = np.where(m, h + xv[:, t], h)
+        out = np.where(m, h.sum(axis=1, keepdims=True), out)
+        want.append(out)
+    np.testing.assert_allclose(got, np.stack(want, axis=1))
+
+
+def test_the_input_projection_is_hoisted_out_of_the_loop():
+    _, x, h0, last, _, _ = build_rnn()
+    fn = K.function([x, h0], [last])
+    (scan,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
+    body_dots = [n for n in toposort(scan.attrs["body"].outputs + scan.attrs["body"].new_states)
+                 if n.op == "dot"]
+    assert len(body_dots) == 1  # h @ u only: x @ w runs once over all steps
+    outer_dots = [n for n in toposort(fn.plan.targets) if n.op == "dot"]
+    assert any(n.shape == (T, None, U) for n in outer_dots)
+
+
+def finite_difference(f, value, eps=1e-6):
+    grad = np.zeros_like(value)
+    for idx in np.ndindex(value.shape):
+        up, down = value.copy(), value.copy()
+        up[idx] += eps
+        down[idx] -= eps
+        grad[idx] = (f(up) - f(down)) / (2 * eps)
+    return grad
+
+
+@pytest.mark.parametrize("options", [{}, {"go_backwards": True}, {"masked": True}])
+def test_rnn_gradients_match_finite_differences(options):
+    masked = options.pop("masked", False)
+    mask_value = np.array([[1, 1, 0, 1, 0], [1, 0, 0, 1, 1], [0, 1, 1, 1, 1]], dtype=bool)
+    mask = K.constant(mask_value, dtype="bool") if masked else None
+    (w, u, b), x, h0, last, outputs, _states = build_rnn(mask=mask, **options)
+    target = RNG.standard_normal((B, T, U))
+    loss = K.sum(outputs * target) + K.sum(K.square(last))
+    grads = K.gradients(loss, [w, u, b, x, h0])
+    fn = K.function([x, h0], grads)
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
+    got = fn([xv, hv])
+    w_v, u_v, b_v = weights()
+    back = options.get("go_backwards", False)
+
+    def numpy_loss(w_, u_, b_, x_, h_):
+        _, outs = numpy_rnn(x_, w_, u_, b_, h_, mask_value if masked else None, back)
+        return (outs * target).sum() + (outs[:, -1] ** 2).sum()
+
+    values = [w_v, u_v, b_v, xv, hv]
+    for k, value in enumerate(values):
+        def f(v, k=k):
+            args = list(values)
+            args[k] = v
+            return numpy_loss(*args)
+        np.testing.assert_allclose(got[k], finite_difference(f, value), rtol=1e-5, atol=1e-7)
+
+
+def test_gradient_of_an_invariant_computed_from_another():
+    # u2 = 2 * u is computed outside the loop; u's gradient must count each path once
+    x = K.placeholder((None, T, I), dtype="float64")
+    w_v, u_v, _ = weights()
+    u = K.variable(u_v)
+    w = K.variable(w_v)
+
+    def step(x_t, states):
+        h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u) + K.dot(states[0], 2.0 * u))
+        return h, [h]
+
+    h0 = K.zeros_like(K.dot(x[:, 0], w))
+    last, _, _ = K.rnn(step, x, [h0])
+    xv = RNG.standard_normal((B, T, I))
+    (g,) = K.function([x], K.gradients(K.sum(last), [u]))([xv])
+
+    def f(u_):
+        h = np.zeros((B, U))
+        for t in range(T):
+            h = np.tanh(xv[:, t] @ w_v + h @ u_ + h @ (2 * u_))
+        return h.sum()
+
+    np.testing.assert_allclose(g, finite_difference(f, u_v), rtol=1e-5, atol=1e-7)
+
+
+def test_rnn_trains_a_float32_model():
+    (w, u, b), x, h0, last, _, _ = build_rnn(dtype="float32")
+    target = K.placeholder((None, U))
+    loss = K.mean(K.square(last - target))
+    lr = 0.2
+    updates = [(p, p - lr * g) for p, g in zip((w, u, b), K.gradients(loss, [w, u, b]))]
+    train = K.function([x, h0, target], [loss], updates=updates)
+    xv = RNG.standard_normal((B, T, I)).astype("float32")
+    hv = np.zeros((B, U), "float32")
+    tv = (RNG.random((B, U)) - 0.5).astype("float32")
+    losses = [float(train([xv, hv, tv])[0]) for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_rnn_rejects_bad_input():
+    x2 = K.placeholder((None, I))
+    with pytest.raises(ValueError, match="rnn: inputs must have rank >= 3"):
+        K.rnn(lambda x_t, s: (x_t, s), x2, [])
+    x = K.placeholder((None, T, I))
+    h0 = K.placeholder((None, U))
+    with pytest.raises(ValueError, match="returned state 0 of shape"):
+        K.rnn(lambda x_t, s: (x_t, [x_t]), x, [h0])
+    with pytest.raises(TypeError, match="state 0 of dtype float64"):
+        K.rnn(lambda x_t, s: (x_t, [K.cast(s[0], "float64")]), x, [h0])
+    with pytest.raises(ValueError, match="mask of shape"):
+        K.rnn(lambda x_t, s: (s[0], s), x, [h0], mask=K.ones((2, T + 1), dtype="bool"))
+    with pytest.raises(ValueError, match="returned 0 state"):
+        K.rnn(lambda x_t, s: (s[0], []), x, [h0])
+
+
+def test_rnn_rejects_an_empty_sequence_at_run_time():
+    x = K.placeholder((None, None, I))
+    h0 = K.placeholder((None, I))
+    last, _, _ = K.rnn(lambda x_t, s: (x_t + s[0], [x_t + s[0]]), x, [h0])
+    fn = K.function([x, h0], [last])
+    with pytest.raises(ValueError, match="rnn: the sequences are empty"):
+        fn([np.zeros((2, 0, I), "float32"), np.zeros((2, I), "float32")])
+
+
+@pytest.mark.parametrize("with_initializer", [False, True])
+def test_folds_match_python_reductions(with_initializer):
+    values = RNG.standard_normal((6, 3))
+    elems = K.constant(values, dtype="float64")
+    init = K.constant(np.ones(3), dtype="float64") if with_initializer else None
+
+    def fn(acc, x):
+        return acc * 0.5 + x * x
+
+    left = K.eval(K.foldl(fn, elems, initializer=init))
+    right = K.eval(K.foldr(fn, elems, initializer=init))
+    rows = list(values)
+    acc_l = np.ones(3) if with_initializer else rows[0]
+    for row in (rows if with_initializer else rows[1:]):
+        acc_l = acc_l * 0.5 + row * row
+    acc_r = np.ones(3) if with_initializer else rows[-1]
+    for row in (rows[::-1] if with_initializer else rows[-2::-1]):
+        acc_r = acc_r * 0.5 + row * row
+    np.testing.assert_allclose(left, acc_l)
+    np.testing.assert_allclose(right, acc_r)
+
+
+def test_foldl_gradient_matches_finite_differences():
+    x = K.placeholder((5,), dtype="float64")
+    prod = K.foldl(lambda acc, v: acc * K.sin(v), x, initializer=K.constant(1.0, "float64"))
+    (g,) = K.function([x], K.gradients(prod, [x]))([xv := RNG.standard_normal(5)])
+    np.testing.assert_allclose(g, finite_difference(lambda v: np.prod(np.sin(v)), xv), rtol=1e-6)
+
+
+def test_map_fn_matches_a_loop_and_takes_a_dtype():
+    values = RNG.standard_normal((4, 3, 2))
+    elems = K.constant(values, dtype="float64")
+    got = K.eval(K.map_fn(lambda m: K.dot(K.transpose(m), m), elems))
+    np.testing.assert_allclose(got, np.stack([m.T @ m for m in values]))
+    counts = K.eval(K.map_fn(lambda m: K.sum(K.cast(m > 0, "int32")), elems, dtype="int32"))
+    assert counts.dtype == np.int32
+    np.testing.assert_array_equal(counts, (values > 0).sum(axis=(1, 2)))
+    doubled = K.eval(K.map_fn(lambda m: m * 2.0, elems))  # all hoisted: no loop at all
+    np.testing.assert_allclose(doubled, values * 2)
+
+
+def test_map_fn_gradient():
+    x = K.placeholder((4, 3), dtype="float64")
+    y = K.map_fn(lambda row: K.sum(K.exp(row)) * row, x)
+    (g,) = K.function([x], K.gradients(K.sum(y * y), [x]))([xv := RNG.standard_normal((4, 3))])
+
+    def f(v):
+        return sum(((np.exp(r).sum() * r) ** 2).sum() for r in v)
+
+    np.testing.assert_allclose(g, finite_difference(f, xv), rtol=1e-6)

@@ -8,12 +8,13 @@
    order, so a call costs one Python frame plus one call per step.
 """
 import functools
+import itertools
 import os
 
 import numpy as np
 
 from . import codegen
-from .graph import Constant, Placeholder, Tensor, Variable, format_shape, toposort
+from .graph import Constant, Placeholder, Tensor, Variable, format_shape, substitute, toposort
 from .ops import OPS
 
 # Below this many elements a kernel runs its serial loop: a parallel region
@@ -40,8 +41,42 @@ def _attrs_key(attrs):
     return repr(sorted(attrs.items()))
 
 
+def merge_sibling_dots(targets):
+    """Products of one left operand with column slices of one matrix that together
+    cover it (Keras's per-gate kernels) become one product with the whole
+    matrix, sliced afterwards: one larger BLAS call instead of several small ones."""
+    groups = {}
+    for node in toposort(targets):
+        if node.op != "dot" or node.attrs.get("transpose_a") or node.attrs.get("transpose_b"):
+            continue
+        right = node.inputs[1]
+        if right.op != "getitem" or right.ndim != 2 or right.inputs[0].ndim != 2:
+            continue
+        key, base = right.attrs["key"], right.inputs[0]
+        if (len(key) != 2 or key[0] != slice(None) or not isinstance(key[1], slice)
+                or base.shape[1] is None):
+            continue
+        start, stop, step = key[1].indices(base.shape[1])
+        if step == 1 and start < stop:
+            groups.setdefault((node.inputs[0].id, base.id), []).append((start, stop, node))
+    replacements = {}
+    for members in groups.values():
+        spans = sorted({(start, stop) for start, stop, _ in members})
+        left, base = members[0][2].inputs[0], members[0][2].inputs[1].inputs[0]
+        if (len(spans) < 2 or spans[0][0] != 0 or spans[-1][1] != base.shape[1]
+                or any(a[1] != b[0] for a, b in itertools.pairwise(spans))):
+            continue
+        whole = Tensor("dot", (left, base), {}, *OPS["dot"].infer([left, base], {}))
+        for start, stop, node in members:
+            replacements[node.id] = Tensor(
+                "getitem", (whole,), {"key": (slice(None), slice(start, stop))},
+                node.shape, node.dtype)
+    return substitute(targets, replacements) if replacements else list(targets)
+
+
 def rewrite(targets):
     """Merge common sub-expressions and fold constants; returns the new targets."""
+    targets = merge_sibling_dots(targets)
     replaced = {}
     seen = {}
     constants = {}
@@ -584,7 +619,9 @@ class Function:
                     d is not None and d != a for d, a in zip(ph.shape, arr.shape)):
                 raise ValueError(f"function: input {i} ({ph.name!r}) expects shape "
                                  f"{format_shape(ph.shape)}, got {arr.shape}")
-            arrays.append(np.require(arr, dtype=ph.dtype, requirements="C"))
+            if arr.dtype != ph.dtype or not arr.flags.c_contiguous:
+                arr = np.array(arr, dtype=ph.dtype, order="C")
+            arrays.append(arr)
         return arrays
 
     def __call__(self, values=()):

@@ -261,7 +261,9 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
             raise ValueError(f"{where}: the step returned state {j} of shape "
                              f"{format_shape(new.shape)}; its initial state has shape "
                              f"{format_shape(ph.shape)}")
-    targets = outputs + new_states
+    from .compiler import merge_sibling_dots  # before the loop boundary hides the slices
+    targets = merge_sibling_dots(outputs + new_states)
+    outputs, new_states = targets[:len(outputs)], targets[len(outputs):]
     kinds, outer = _classify(targets, seq_ph, state_ph, sequences)
 
     # the boundary of the body: hoisted values and invariants it reads

@@ -344,3 +344,20 @@ def test_reshape_to_a_stacked_shape_keeps_constant_dims_static():
     assert y.shape == (None, 4, 2)
     np.testing.assert_array_equal(K.function([x], [y])([np.arange(16.0).reshape(2, 8)])[0],
                                   np.arange(16.0).reshape(2, 4, 2))
+
+
+@pytest.mark.parametrize("covering", [True, False])
+def test_products_with_column_slices_of_one_matrix_merge(covering):
+    # Keras's per-gate kernels: x @ w[:, a:b] for slices covering w become one x @ w
+    rng = np.random.default_rng(5)
+    w_value = rng.standard_normal((4, 9))
+    w = K.variable(w_value, dtype="float64")
+    x = K.placeholder((None, 2, 4), dtype="float64")  # 3-D: the product reshapes for BLAS
+    bounds = [(0, 2), (2, 7), (7, 9)] if covering else [(0, 2), (2, 7)]
+    products = [ops.apply("dot", x, w[:, a:b]) for a, b in bounds]
+    fn = K.function([x], products)
+    dots = [s for s in fn.plan.steps if s.label == "dot"]
+    assert len(dots) == (1 if covering else 2)
+    xv = rng.standard_normal((3, 2, 4))
+    for got, (a, b) in zip(fn([xv]), bounds):
+        np.testing.assert_allclose(got, np.einsum("btk,kn->btn", xv, w_value[:, a:b]), rtol=1e-12)

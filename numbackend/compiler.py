@@ -69,7 +69,7 @@ def merge_sibling_dots(targets):
         whole = Tensor("dot", (left, base), {}, *OPS["dot"].infer([left, base], {}))
         for start, stop, node in members:
             replacements[node.id] = Tensor(
-                "getitem", (whole,), {"key": (slice(None), slice(start, stop))},
+                "getitem", (whole,), {"key": (Ellipsis, slice(start, stop))},
                 node.shape, node.dtype)
     return substitute(targets, replacements) if replacements else list(targets)
 

@@ -6,6 +6,8 @@ widest node), optionally ending in reductions over the domain's trailing
 axis ``s``; each external input varies along rows and/or columns:
 
     'F' full (R, C)    'R' per row (R,)    'C' per column (C,)    'S' scalar
+    'W' a window of columns [offset, offset + C) of a wider C-contiguous array
+        (a slice of the last axis read in place, never copied)
 
 A group without reductions whose inputs are all 'F' or 'S' becomes one flat
 loop.  Each kernel module holds a parallel and a serial entry point with the
@@ -89,7 +91,7 @@ class KernelSpec:
     reduce members have op kind 'reduce'.
     """
 
-    def __init__(self, rank, split, k, flat, inputs, nodes, outputs):
+    def __init__(self, rank, split, k, flat, inputs, nodes, outputs, windows=None):
         self.rank = rank          # domain rank
         self.split = split        # s: rows = axes [0, s), columns = axes [s, rank)
         self.k = k                # trailing reduced axes (0: none)
@@ -97,12 +99,15 @@ class KernelSpec:
         self.inputs = inputs      # list of (pattern, rank of the array, dtype)
         self.nodes = nodes
         self.outputs = outputs    # list of (node index, output shape kind, keepdims)
+        self.windows = windows or {}  # input index -> (offset, width) of a 'W' input
 
 
 def _load_expr(spec, i, idx_row, idx_col, flat_idx):
     pattern = spec.inputs[i][0]
     if pattern == "S":
         return f"x{i}"
+    if pattern == "W":
+        return f"v{i}[{idx_row}, {spec.windows[i][0]} + {idx_col}]"
     if spec.flat:
         return f"v{i}[{flat_idx}]"
     return {"F": f"v{i}[{idx_row}, {idx_col}]", "R": f"v{i}[{idx_row}]", "C": f"v{i}[{idx_col}]"}[pattern]
@@ -157,11 +162,18 @@ def _domain_dims(spec):
         if pattern == "S":
             continue
         off = spec.rank - rank
-        axes = {"F": range(spec.rank), "R": range(s), "C": range(s, spec.rank)}[pattern]
+        axes = {"F": range(spec.rank), "W": range(spec.rank), "R": range(s),
+                "C": range(s, spec.rank)}[pattern]
+        if pattern == "W":
+            offset, width = spec.windows[i]
+            lines.append(f"if x{i}.shape[{rank - 1}] < {offset + width}:")
+            lines.append("    raise ValueError(MISMATCH)")
         for j in axes:
             if j - off < 0:
                 continue
             ref = f"x{i}.shape[{j - off}]"
+            if pattern == "W" and j == spec.rank - 1:
+                ref = str(spec.windows[i][1])
             if j not in source:
                 source[j] = ref
                 lines.append(f"D{j} = {ref}")
@@ -189,7 +201,9 @@ def _generate_body(spec):
     for i, (pattern, _, _) in enumerate(spec.inputs):
         if pattern == "S":
             continue
-        if spec.flat:
+        if pattern == "W":
+            emit(f"v{i} = x{i}.reshape((R, x{i}.shape[{spec.inputs[i][1] - 1}]))")
+        elif spec.flat:
             emit(f"v{i} = x{i}.reshape((R * C,))")
         else:
             emit(f"v{i} = x{i}.reshape({ {'F': '(R, C)', 'R': '(R,)', 'C': '(C,)'}[pattern] })")

@@ -302,10 +302,15 @@ def _pattern(mask, domain, split):
     return {(True, True): "F", (True, False): "R", (False, True): "C", (False, False): "S"}[(outer, inner)]
 
 
-def layout(group, inputs):
-    """Choose the split and each input's pattern; returns (split, patterns, flat)."""
+def layout(group, inputs, windows=None):
+    """Choose the split and each input's pattern; returns (split, patterns, flat).
+    Window inputs (their index in ``windows``) need the last axis to be the columns."""
     domain = group.domain
     d = len(domain)
+    if windows:
+        patterns = ["W" if j in windows else _pattern(_full_mask(t.shape, domain), domain, d - 1)
+                    for j, t in enumerate(inputs)]
+        return d - 1, patterns, False
     masks = [_full_mask(t.shape, domain) for t in inputs]
     splits = [d - group.k] if group.k else [d] + list(range(d - 1, -1, -1))
     best = None
@@ -342,7 +347,9 @@ class Plan:
         self.placeholders = list(placeholders)
         targets = rewrite(targets)
         self.targets = targets
-        unit_of = partition(toposort(targets), targets)
+        order = toposort(targets)
+        unit_of = partition(order, targets)
+        self.windows = _windows(order, targets, unit_of)
         self.steps = []
         self.kernels = []
         self._build(self._schedule(targets, unit_of), unit_of)
@@ -413,6 +420,8 @@ class Plan:
                     fresh[out.id] = True
                 continue
             node = unit
+            if node.id in self.windows:
+                continue  # read in place by the kernels that use it
             call = ", ".join(value_of(i) for i in node.inputs)
             fname, name = new_name("L"), new_name("v")
             ns[fname] = library_call(node)
@@ -439,7 +448,17 @@ class Plan:
             for i in m.inputs:
                 if i.id not in members and all(i is not x for x in inputs):
                     inputs.append(i)
-        in_names = [value_of(i) for i in inputs]
+        windows = {j: self.windows[t.id] for j, t in enumerate(inputs) if t.id in self.windows}
+        kernel_args, in_names = [], []
+        for t in inputs:
+            if t.id in self.windows:
+                base = value_of(t.inputs[0])
+                offset, width = self.windows[t.id]
+                kernel_args.append(base)
+                in_names.append(f"{base}[..., {offset}:{offset + width}]")
+            else:
+                kernel_args.append(value_of(t))
+                in_names.append(kernel_args[-1])
         out_names = [new_name("v") for _ in g.outputs]
         for node, name in zip(g.outputs, out_names):
             names[node.id] = name
@@ -452,8 +471,7 @@ class Plan:
             lines.append(f"{targets} = {fallback}({', '.join(in_names)})")
             self.steps.append(Step("numpy", "numpy", list(g.members), list(g.outputs)))
             return
-        split, patterns, flat = layout(g, inputs)
-        kernel_args = list(in_names)
+        split, patterns, flat = layout(g, inputs, windows)
         if any(p is None for p in patterns):
             # an input that broadcasts along both rows and columns: materialise it
             dom = new_name("d")
@@ -483,7 +501,7 @@ class Plan:
             else:
                 spec_outputs.append((members[out.id], "full", False))
         spec = codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
-                                  spec_outputs)
+                                  spec_outputs, windows)
         module = codegen.load_kernel(codegen.generate_source(spec))
         kname = new_name("K")
         ns[kname] = module
@@ -519,6 +537,46 @@ class Plan:
         return "\n".join(out)
 
 
+def _window_of(node):
+    """(offset, width) when ``node`` slices only the last axis of its input, with
+    step 1 and static bounds: a kernel can read it in place."""
+    if node.op != "getitem" or node.ndim == 0 or node.ndim != node.inputs[0].ndim:
+        return None
+    key = node.attrs["key"]
+    *lead, last = key
+    if not isinstance(last, slice) or any(k is not Ellipsis and k != slice(None) for k in lead):
+        return None
+    if sum(k is Ellipsis for k in lead) == 0 and len(key) != node.ndim:
+        return None
+    full = node.inputs[0].shape[-1]
+    if full is None:
+        return None
+    start, stop, step = last.indices(full)
+    if step != 1 or stop <= start:
+        return None
+    return start, stop - start
+
+
+def _windows(order, targets, unit_of):
+    """The last-axis slices every consumer of which is a kernel over the slice's own
+    shape: {node id: (offset, width)}; those kernels read the slice in place."""
+    target_ids = {t.id for t in targets}
+    consumers = {}
+    for node in order:
+        for i in node.inputs:
+            consumers.setdefault(i.id, []).append(node)
+    windows = {}
+    for node in order:
+        window = _window_of(node)
+        if window is None or node.id in target_ids or not _fusible_dtype(node.dtype):
+            continue
+        groups = [unit_of.get(c.id) for c in consumers.get(node.id, [])]
+        if groups and all(isinstance(g, Group) and g.k <= 1 and g.domain == node.shape
+                          for g in groups):
+            windows[node.id] = window
+    return windows
+
+
 def _numpy_group(g, inputs):
     """A callable evaluating a group node by node with NumPy; returns its outputs."""
     def run(*arrays):
@@ -538,7 +596,7 @@ def _index(seq, item):
 
 def _size_expr(names, patterns):
     for n, p in zip(names, patterns):
-        if p == "F":
+        if p in ("F", "W"):  # a window's array is wider: near enough to choose a loop
             return f"{n}.size"
     rows = next((n for n, p in zip(names, patterns) if p == "R"), None)
     cols = next((n for n, p in zip(names, patterns) if p == "C"), None)

@@ -361,3 +361,34 @@ def test_products_with_column_slices_of_one_matrix_merge(covering):
     xv = rng.standard_normal((3, 2, 4))
     for got, (a, b) in zip(fn([xv]), bounds):
         np.testing.assert_allclose(got, np.einsum("btk,kn->btn", xv, w_value[:, a:b]), rtol=1e-12)
+
+
+def test_last_axis_slices_are_read_in_place_by_kernels():
+    x = K.placeholder((None, 10))
+    b = K.placeholder((3,))
+    left, right = x[:, 1:4], x[..., 6:9]
+    # a window under a row reduction
+    row_max = ops.apply("max", x[:, 2:8], axis=-1, keepdims=True)
+    fn = K.function([x, b], [ops.apply("tanh", left) * right + b, x[:, 2:8] - row_max])
+    assert [s.label for s in fn.plan.steps if s.kind == "library"] == []
+    xv = np.random.default_rng(3).standard_normal((300, 10)).astype(np.float32)
+    bv = np.arange(3, dtype=np.float32)
+    got = fn([xv, bv])
+    np.testing.assert_allclose(got[0], np.tanh(xv[:, 1:4]) * xv[:, 6:9] + bv, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], xv[:, 2:8] - xv[:, 2:8].max(axis=1, keepdims=True))
+    # a run-time broadcast the static shapes did not foresee takes the NumPy path
+    y = K.placeholder((None, None))
+    fn = K.function([x, y], [x[:, 0:4] * y])
+    yv = np.full((1, 4), 2.0, np.float32)
+    np.testing.assert_allclose(fn([xv, yv])[0], xv[:, 0:4] * 2.0)
+
+
+def test_a_slice_that_is_also_returned_is_copied_once():
+    x = K.placeholder((None, 6))
+    part = x[:, 2:5]
+    fn = K.function([x], [part, part * 2.0])
+    xv = np.arange(12, dtype=np.float32).reshape(2, 6)
+    got = fn([xv])
+    np.testing.assert_array_equal(got[0], xv[:, 2:5])
+    np.testing.assert_array_equal(got[1], xv[:, 2:5] * 2)
+    assert got[0].flags.c_contiguous

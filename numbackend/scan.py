@@ -93,6 +93,10 @@ def _run_scan(*arrays, body, reverse, keep_history, length):
                                      f"{result[n_out + j].shape}")
             stacked = [np.empty((steps,) + r.shape, r.dtype) for r in result[:n_stacked]]
         for k in range(n_stacked):
+            if result[k].shape != stacked[k].shape[1:]:  # else NumPy would broadcast it
+                raise ValueError(f"{body.where}: step {t} gave an output of shape "
+                                 f"{result[k].shape}, the first step one of shape "
+                                 f"{stacked[k].shape[1:]}")
             stacked[k][t] = result[k]
         states = result[n_out:]
     return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)

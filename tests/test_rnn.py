@@ -274,3 +274,12 @@ def test_map_fn_gradient():
         return sum(((np.exp(r).sum() * r) ** 2).sum() for r in v)
 
     np.testing.assert_allclose(g, finite_difference(f, xv), rtol=1e-6)
+
+
+def test_map_fn_rejects_outputs_that_change_shape():
+    # each row keeps its positive entries: the shapes differ from step to step
+    x = K.placeholder((3, 4), dtype="float64")
+    fn = K.function([x], [K.map_fn(lambda row: K.gather(row, K.cast(K.arange(0, K.sum(
+        K.cast(row > 0, "int32"))), "int32")), x)])
+    with pytest.raises(ValueError, match="map_fn: step 1 gave an output of shape"):
+        fn([np.array([[1.0, 2, 3, -1], [1, -1, -1, -1], [1, 1, 1, 1]])])

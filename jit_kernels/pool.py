@@ -52,13 +52,19 @@ def _max_pool(x, y, kernel, stride, pad):
 @numba.njit(parallel=True, **_JIT)
 def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     """Scatter dy to each window's first maximum; parallel over images,
-    since windows of one image may overlap."""
+    since windows of one image may overlap.  ``dx`` is (N, D*H*W*C).
+
+    Each channel keeps its best value and the flat offset of where it was,
+    updated with selects rather than branches so that the loop over
+    channels vectorises (13 ms -> 4 ms at mnist_cnn's 2x2 pooling of
+    (64, 24, 24, 64), one thread)."""
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = dy.shape
     for n in prange(x.shape[0]):
-        dx[n] = 0
+        image = dx[n]
+        image[:] = 0
         best = np.empty(channels, x.dtype)
-        where = np.empty((channels, 3), np.int64)
+        where = np.empty(channels, np.int64)
         for z in range(od):
             z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
             for yo in range(oh):
@@ -66,22 +72,20 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
                 for xo in range(ow):
                     x0, x1 = _window(xo, stride[2], pad[2], kernel[2], size_w)
                     best[:] = -np.inf
-                    where[:, 0] = z0
-                    where[:, 1] = y0
-                    where[:, 2] = x0
+                    where[:] = ((z0 * size_h + y0) * size_w + x0) * channels
                     for iz in range(z0, z1):
                         for iy in range(y0, y1):
                             for ix in range(x0, x1):
                                 source = x[n, iz, iy, ix]
+                                offset = ((iz * size_h + iy) * size_w + ix) * channels
                                 for ch in range(channels):
-                                    if source[ch] > best[ch]:
-                                        best[ch] = source[ch]
-                                        where[ch, 0] = iz
-                                        where[ch, 1] = iy
-                                        where[ch, 2] = ix
+                                    value = source[ch]
+                                    better = value > best[ch]
+                                    best[ch] = value if better else best[ch]
+                                    where[ch] = offset if better else where[ch]
                     grad = dy[n, z, yo, xo]
                     for ch in range(channels):
-                        dx[n, where[ch, 0], where[ch, 1], where[ch, 2], ch] += grad[ch]
+                        image[where[ch] + ch] += grad[ch]
 
 
 @numba.njit(parallel=True, **_JIT)
@@ -166,8 +170,8 @@ def max_pool_backward(dy, x, pool_size, strides=None, padding='valid'):
     g = _pool_geometry(x.shape, pool_size, strides, padding)
     _check_gradient(g, dy, x.shape, 'max_pool_backward')
     dx = np.empty_like(x)
-    _launch(_max_pool_backward, x.size, _as_5d(x, g), _as_5d_out(dy, g), _as_5d(dx, g),
-            g.kernel, g.stride, g.pad)
+    _launch(_max_pool_backward, x.size, _as_5d(x, g), _as_5d_out(dy, g),
+            dx.reshape(x.shape[0], int(np.prod(x.shape[1:]))), g.kernel, g.stride, g.pad)
     return dx
 
 

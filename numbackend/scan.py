@@ -6,10 +6,10 @@ recorded three ways:
 
 - loop invariants (depend on neither): computed once, outside the loop, and fed
   to every step (weights, biases, dropout masks, constants);
-- work on the sequences alone that is the same op for every step (element-wise
-  ops, products with an invariant matrix, slicing): hoisted out of the loop and
-  run once over all steps, so that an RNN's input projection is one large
-  matrix product rather than one small product per step;
+- work on the sequences alone that is the same op for every step (products with
+  an invariant matrix, and the element-wise ops and slices leading to them):
+  hoisted out of the loop and run once over all steps, so that an RNN's input
+  projection is one large matrix product rather than one small product per step;
 - the rest, the body: compiled once into a plan (fused kernels, BLAS calls)
   that the scan op runs per step.
 
@@ -269,6 +269,7 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
     targets = merge_sibling_dots(outputs + new_states)
     outputs, new_states = targets[:len(outputs)], targets[len(outputs):]
     kinds, outer = _classify(targets, seq_ph, state_ph, sequences)
+    _keep_cheap_work_in_loop(targets, kinds, outer)
 
     # the boundary of the body: hoisted values and invariants it reads
     body_seq, body_seq_outer, body_inv, body_inv_outer = [], [], [], []
@@ -316,6 +317,26 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
                for k in range(len(outputs))]
     states = [_item(node, len(outputs) + j) for j in range(len(new_states))]
     return stacked, states
+
+
+def _keep_cheap_work_in_loop(targets, kinds, outer):
+    """Hoisted element-wise ops and slices that feed only the loop go back into
+    it: there they fuse into the step's kernel instead of making a pass of their
+    own over all steps (hoisting them pays only where a product follows)."""
+    order = toposort(targets)
+    consumers = {}
+    for node in order:
+        for i in node.inputs:
+            consumers.setdefault(i.id, []).append(node)
+    target_ids = {t.id for t in targets}
+    for node in reversed(order):
+        if (kinds[node.id] != "seq" or node.id not in outer or node.id in target_ids
+                or not node.inputs):
+            continue
+        if OPS[node.op].kind != "elementwise" and node.op != "getitem":
+            continue
+        if not any(c.id in outer for c in consumers.get(node.id, [])):
+            del outer[node.id]
 
 
 def _classify(targets, seq_ph, state_ph, sequences):

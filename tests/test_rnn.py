@@ -283,3 +283,42 @@ def test_map_fn_rejects_outputs_that_change_shape():
         K.cast(row > 0, "int32"))), "int32")), x)])
     with pytest.raises(ValueError, match="map_fn: step 1 gave an output of shape"):
         fn([np.array([[1.0, 2, 3, -1], [1, -1, -1, -1], [1, 1, 1, 1]])])
+
+
+def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
+    # per-gate slices of the kernels (Keras's implementation 1): the input products
+    # merge into one product over all steps, the recurrent ones into one per step,
+    # and the gates read slices of those in place in a single fused kernel
+    units = 4
+    rng = np.random.default_rng(2)
+    kernel = rng.standard_normal((I, 4 * units))
+    recurrent = rng.standard_normal((units, 4 * units)) * 0.3
+    bias = rng.standard_normal(4 * units)
+    w, u, b = (K.variable(v, dtype="float64") for v in (kernel, recurrent, bias))
+    gates = [slice(k * units, (k + 1) * units) for k in range(4)]
+
+    def step(x_t, states):
+        h, c = states
+        z = [K.bias_add(K.dot(x_t, w[:, g]), b[g]) + K.dot(h, u[:, g]) for g in gates]
+        c = K.hard_sigmoid(z[1]) * c + K.hard_sigmoid(z[0]) * K.tanh(z[2])
+        h = K.hard_sigmoid(z[3]) * K.tanh(c)
+        return h, [h, c]
+
+    x = K.placeholder((None, T, I), dtype="float64")
+    zeros = K.zeros_like(K.dot(x[:, 0], w[:, gates[0]]))
+    last, _, _ = K.rnn(step, x, [zeros, zeros])
+    fn = K.function([x], [last])
+    (scan,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
+    body_plan = scan.attrs["body"].plan
+    assert [s.kind if s.kind == "kernel" else s.label for s in body_plan.steps] == ["dot", "kernel"]
+    assert [n.shape for n in toposort(fn.plan.targets) if n.op == "dot" and n.ndim == 3] == [
+        (T, None, 4 * units)]
+
+    xv = RNG.standard_normal((B, T, I))
+    h = c = np.zeros((B, units))
+    for t in range(T):
+        z = xv[:, t] @ kernel + bias + h @ recurrent
+        hs = [np.clip(0.2 * z[:, g] + 0.5, 0, 1) for g in gates]
+        c = hs[1] * c + hs[0] * np.tanh(z[:, gates[2]])
+        h = hs[3] * np.tanh(c)
+    np.testing.assert_allclose(fn([xv])[0], h, rtol=1e-10, atol=1e-12)

@@ -50,7 +50,7 @@ def relu(x, alpha=0., max_value=None, threshold=0.):
     if threshold != 0:
         y = apply("multiply", x, apply("cast", apply("greater", x, threshold), dtype=x.dtype))
     else:
-        y = apply("maximum", x, 0)
+        y = apply("maximum", 0, x)  # 0 first: a tie sends the gradient to 0, as TF's relu does
     if max_value is not None:
         y = _clip(y, 0, max_value)
     if alpha != 0:

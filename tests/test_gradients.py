@@ -663,3 +663,13 @@ def test_small_broadcast_gradient_feeding_a_kernel():
     y = K.placeholder((None, 3, 4), dtype="float64")
     got = K.function([y], [y * gx])([np.full((2, 3, 4), 2.0)])[0]
     np.testing.assert_array_equal(got, np.full((2, 3, 4), 2.0))
+
+
+def test_relu_gradient_at_zero_is_zero_as_in_tensorflow():
+    # TF's relu gradient is g * (x > 0); leaky relu's at 0 is alpha (tf.nn.leaky_relu)
+    x = K.placeholder((None,), dtype="float64")
+    xv = np.array([-1.0, 0.0, 2.0] * 8)
+    (plain,) = K.function([x], K.gradients(K.sum(K.relu(x)), [x]))([xv])
+    np.testing.assert_array_equal(plain, (xv > 0).astype(float))
+    (leaky,) = K.function([x], K.gradients(K.sum(K.relu(x, alpha=0.1)), [x]))([xv])
+    np.testing.assert_allclose(leaky, np.where(xv > 0, 1.0, 0.1))

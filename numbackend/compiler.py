@@ -74,9 +74,29 @@ def merge_sibling_dots(targets):
     return substitute(targets, replacements) if replacements else list(targets)
 
 
+def read_shared_results(targets):
+    """Nodes whose value an item of a multi-output node on the same inputs already
+    holds (an op's ``computed_by``, e.g. a loss next to its loss-and-gradient
+    pass) read it from there rather than computing it again."""
+    order = toposort(targets)
+    multi = {(n.op, tuple(i.id for i in n.inputs), _attrs_key(n.attrs)): n
+             for n in order if n.op in OPS and OPS[n.op].multi_output}
+    replacements = {}
+    for node in order:
+        shared = OPS[node.op].computed_by if node.op in OPS else None
+        if shared is None:
+            continue
+        source = multi.get((shared[0], tuple(i.id for i in node.inputs), _attrs_key(node.attrs)))
+        if source is not None:
+            replacements[node.id] = Tensor("tuple_item", (source,),
+                                           {"index": shared[1], "shape": node.shape,
+                                            "dtype": node.dtype}, node.shape, node.dtype)
+    return substitute(targets, replacements) if replacements else list(targets)
+
+
 def rewrite(targets):
     """Merge common sub-expressions and fold constants; returns the new targets."""
-    targets = merge_sibling_dots(targets)
+    targets = read_shared_results(merge_sibling_dots(targets))
     replaced = {}
     seen = {}
     constants = {}

@@ -27,7 +27,8 @@ OPS = {}
 
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
-                 reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False):
+                 reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
+                 computed_by=None):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -40,6 +41,9 @@ class Op:
         self.stateful = stateful  # draws random numbers: never folded or merged
         # its value is a tuple of arrays, read by 'tuple_item' nodes; never folded
         self.multi_output = multi_output
+        # (multi-output op, index): the same value is that op's item on the same
+        # inputs; a graph that computes that op anyway reads it from there
+        self.computed_by = computed_by
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -407,9 +411,9 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 # Library ops: one plan step each, NumPy/BLAS or jit_kernels
 
 
-def library(name, infer, impl, grad=None, stateful=False, multi_output=False):
+def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None):
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
-                       multi_output=multi_output))
+                       multi_output=multi_output, computed_by=computed_by))
 
 
 # One output of a multi-output node (whose value is a tuple); autodiff gathers
@@ -1044,16 +1048,24 @@ def _ctc_loss(logits, labels, label_lengths, input_lengths):
     return loss.reshape(-1, 1)
 
 
-def _ctc_loss_grad(logits, labels, label_lengths, input_lengths):
-    return _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)[1]
+def _ctc_loss_and_grad(logits, labels, label_lengths, input_lengths):
+    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
+    return loss.reshape(-1, 1).astype(logits.dtype), grad.astype(logits.dtype, copy=False)
 
 
-# d loss / d logits from the kernel, times the incoming (batch, 1) gradient;
-# the labels and lengths get none.
-library("ctc_loss", _ctc_loss_infer, _ctc_loss,
-        grad=lambda g, n: [apply("multiply", apply("ctc_loss_grad", *n.inputs),
-                                 apply("reshape", g, shape=(-1, 1, 1))), None, None, None])
-library("ctc_loss_grad", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype), _ctc_loss_grad)
+def _ctc_loss_grad(g, n):
+    """d loss / d logits from the kernel, times the incoming (batch, 1) gradient;
+    the labels and lengths get none."""
+    both = apply("ctc_loss_and_grad", *n.inputs)
+    grad = apply("tuple_item", both, index=1, shape=n.inputs[0].shape, dtype=n.dtype)
+    return [apply("multiply", grad, apply("reshape", g, shape=(-1, 1, 1))), None, None, None]
+
+
+# One pass of the lattice gives the loss and its gradient; where a graph has both,
+# the loss is read from that pass (rewrite's computed_by) instead of a second one.
+library("ctc_loss", _ctc_loss_infer, _ctc_loss, grad=_ctc_loss_grad,
+        computed_by=("ctc_loss_and_grad", 0))
+library("ctc_loss_and_grad", _ctc_loss_infer, _ctc_loss_and_grad, multi_output=True)
 
 
 def _ctc_decode_infer(inputs, attrs):

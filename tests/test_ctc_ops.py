@@ -83,6 +83,10 @@ def test_ctc_batch_cost_gradient_against_finite_differences():
                         - f([down, labels, label_length, input_length])[0]) / (2 * h)
     np.testing.assert_allclose(g, numeric, rtol=1e-6, atol=1e-7)
     assert np.all(g[1, 4] == 0) and np.all(g[2, 3:] == 0)  # frames past input_length
+    # the loss and its gradient come from one pass of the lattice
+    assert [s.label for s in f.plan.steps if s.label.startswith("ctc")] == ["ctc_loss_and_grad"]
+    loss_only = K.function([py, pl, pll, pil], [loss])
+    assert [s.label for s in loss_only.plan.steps if s.label.startswith("ctc")] == ["ctc_loss"]
 
 
 def test_ctc_decode_greedy_hand_reading():

@@ -8,10 +8,12 @@ ordinary graph: it goes through the same compiler, so a backward chain of
 element-wise ops fuses like a forward one, and forward values are shared by
 common sub-expression merging rather than recomputed.
 """
+import itertools
+
 import numpy as np
 
 from .graph import Constant, Tensor, toposort
-from .ops import OPS, apply, as_tensor
+from .ops import OPS, apply, as_tensor, last_axis_window
 
 
 def _is_float(t):
@@ -39,8 +41,15 @@ def gradients(loss, variables):
     else:
         seed = apply("broadcast_like", Constant(np.ones((), dtype=loss.dtype)), loss)
     grads = {loss.id: seed}
+    uses = {}  # tensor id -> the gradient contributions of its uses, added up on first read
+
+    def gradient_of(node):
+        if node.id in uses:
+            grads[node.id] = _add_up(uses.pop(node.id), node)
+        return grads.get(node.id)
+
     for node in reversed(order):
-        g = grads.get(node.id)
+        g = gradient_of(node)
         if g is None or not node.inputs:
             continue
         rule = OPS[node.op].grad
@@ -57,11 +66,36 @@ def gradients(loss, variables):
                 continue
             if not _is_float(inp):
                 continue
-            gi = _fit(gi, inp)
-            previous = grads.get(inp.id)
-            grads[inp.id] = gi if previous is None else apply("add", previous, gi)
-    result = [grads.get(v.id) for v in variables]
+            uses.setdefault(inp.id, []).append(_fit(gi, inp))
+    result = [gradient_of(v) for v in variables]
     return result[0] if single else result
+
+
+def _add_up(parts, x):
+    """The sum of x's gradient contributions.  Those of slices that tile x's last
+    axis are joined by one concatenation (not a zero-filled scatter and an add
+    per slice: an LSTM's gates are slices of one product)."""
+    windows = {}  # (start, stop) -> the scattered contributions to that slice
+    for p in parts:
+        if p.op == "scatter_like" and p.inputs[1] is x:
+            window = last_axis_window(p.attrs["key"], x.shape)
+            if window is not None:
+                windows.setdefault(window, []).append(p)
+    spans = sorted(windows)
+    if (len(spans) > 1 and spans[0][0] == 0 and spans[-1][1] == x.shape[-1]
+            and all(a[1] == b[0] for a, b in itertools.pairwise(spans))):
+        pieces = [_sum([p.inputs[0] for p in windows[s]]) for s in spans]
+        joined = {id(p) for ps in windows.values() for p in ps}
+        rest = [p for p in parts if id(p) not in joined]
+        parts = [apply("concatenate", *pieces, axis=x.ndim - 1), *rest]
+    return _sum(parts)
+
+
+def _sum(parts):
+    total = parts[0]
+    for p in parts[1:]:
+        total = apply("add", total, p)
+    return total
 
 
 def _depends_on(order, targets):

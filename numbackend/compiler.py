@@ -15,7 +15,7 @@ import numpy as np
 
 from . import codegen
 from .graph import Constant, Placeholder, Tensor, Variable, format_shape, substitute, toposort
-from .ops import OPS
+from .ops import OPS, last_axis_window
 
 # Below this many elements a kernel runs its serial loop: a parallel region
 # costs microseconds, more than a small loop takes.
@@ -562,19 +562,8 @@ def _window_of(node):
     step 1 and static bounds: a kernel can read it in place."""
     if node.op != "getitem" or node.ndim == 0 or node.ndim != node.inputs[0].ndim:
         return None
-    key = node.attrs["key"]
-    *lead, last = key
-    if not isinstance(last, slice) or any(k is not Ellipsis and k != slice(None) for k in lead):
-        return None
-    if sum(k is Ellipsis for k in lead) == 0 and len(key) != node.ndim:
-        return None
-    full = node.inputs[0].shape[-1]
-    if full is None:
-        return None
-    start, stop, step = last.indices(full)
-    if step != 1 or stop <= start:
-        return None
-    return start, stop - start
+    window = last_axis_window(node.attrs["key"], node.inputs[0].shape)
+    return None if window is None else (window[0], window[1] - window[0])
 
 
 def _windows(order, targets, unit_of):

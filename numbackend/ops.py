@@ -714,6 +714,20 @@ library("scatter_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype)
         grad=lambda g, n: [apply("getitem", g, key=n.attrs["key"]), None])
 
 
+def last_axis_window(key, shape):
+    """(start, stop) when ``key`` slices only the last axis of an array of static
+    ``shape`` (step 1, static bounds, nothing else indexed), else None."""
+    if not key or not shape or shape[-1] is None:
+        return None
+    *lead, last = key
+    if not isinstance(last, slice) or any(k is not Ellipsis and k != slice(None) for k in lead):
+        return None
+    if Ellipsis not in lead and len(key) != len(shape):
+        return None
+    start, stop, step = last.indices(shape[-1])
+    return (start, stop) if step == 1 and start < stop else None
+
+
 def getitem(x, key):
     """x[key] for ints, slices, None, Ellipsis; a tensor or int array index gathers on axis 0."""
     if not isinstance(key, tuple):

@@ -673,3 +673,23 @@ def test_relu_gradient_at_zero_is_zero_as_in_tensorflow():
     np.testing.assert_array_equal(plain, (xv > 0).astype(float))
     (leaky,) = K.function([x], K.gradients(K.sum(K.relu(x, alpha=0.1)), [x]))([xv])
     np.testing.assert_allclose(leaky, np.where(xv > 0, 1.0, 0.1))
+
+
+def test_gradients_of_slices_tiling_the_last_axis_are_joined():
+    x = K.placeholder((None, 7), dtype="float64")
+    parts = [x[:, 0:2], x[..., 2:3], x[:, 3:7]]
+    loss = K.sum(K.tanh(parts[0])) + K.sum(parts[1] ** 3) + K.sum(K.exp(parts[2])) \
+        + K.sum(x[:, 2:3] * 2.0) + K.sum(x) * 0.5  # the middle slice twice, and x whole
+    fn = K.function([x], K.gradients(loss, [x]))
+    labels = [s.label for s in fn.plan.steps]
+    assert "concatenate" in labels and "scatter_like" not in labels
+    xv = RNG.standard_normal((5, 7))
+    want = np.concatenate([1 - np.tanh(xv[:, :2]) ** 2, 3 * xv[:, 2:3] ** 2 + 2,
+                           np.exp(xv[:, 3:])], axis=1) + 0.5
+    np.testing.assert_allclose(fn([xv])[0], want, rtol=1e-12)
+
+
+def test_gradients_of_slices_leaving_a_gap_are_scattered():
+    x = K.placeholder((None, 5), dtype="float64")
+    fn = K.function([x], K.gradients(K.sum(x[:, 0:2] * 3.0) + K.sum(x[:, 3:5]), [x]))
+    np.testing.assert_array_equal(fn([np.ones((2, 5))])[0], [[3, 3, 0, 1, 1]] * 2)

@@ -265,6 +265,8 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
             raise ValueError(f"{where}: the step returned state {j} of shape "
                              f"{format_shape(new.shape)}; its initial state has shape "
                              f"{format_shape(ph.shape)}")
+    if not outputs and not new_states:
+        raise ValueError(f"{where}: the step returned no outputs and no states")
     from .compiler import merge_sibling_dots  # before the loop boundary hides the slices
     targets = merge_sibling_dots(outputs + new_states)
     outputs, new_states = targets[:len(outputs)], targets[len(outputs):]
@@ -302,8 +304,6 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
         return [stacked_direct[k] for k in range(len(outputs))], []
     for t in targets:
         boundary(t)
-    if not targets:
-        raise ValueError(f"{where}: the step returned no outputs and no states")
     if not body_seq:  # every step is the same: still one step per element
         ph = Placeholder(seq_ph[0].shape, seq_ph[0].dtype, name=f"{where} step input")
         body_seq.append(ph)

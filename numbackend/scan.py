@@ -159,6 +159,11 @@ def _scan_grad(grads, node):
     float_states = [j for j in range(n_state) if _is_float(inits[j])]
     float_invariants = [m for m, v in enumerate(invariants) if _is_float(v)]
     float_seqs = [i for i, s in enumerate(seqs) if _is_float(s)]
+    # invariants whose gradient is one product or sum over all steps, taken after
+    # the loop from per-step values; the others are summed in a carried state
+    used_by = _single_use(body)
+    summed_after = {m: used_by[m] for m in float_invariants if used_by.get(m) is not None}
+    accumulated = [m for m in float_invariants if m not in summed_after]
 
     def vjp_step(slices, carries):
         slices = list(slices)
@@ -174,40 +179,84 @@ def _scan_grad(grads, node):
         # even where one invariant is computed from another outside the loop
         stand_ins = [Placeholder(v.shape, v.dtype, name=f"{body.where} invariant") for v in invariants]
         replacements.update({p.id: v for p, v in zip(body.invariant_inputs, stand_ins)})
-        forward = substitute(body.outputs + body.new_states, replacements)
+        users = [summed_after[m] for m in summed_after]
+        forward = substitute(body.outputs + body.new_states + users, replacements)
+        users, forward = forward[len(forward) - len(users):], forward[:len(forward) - len(users)]
         state_cot = dict(carried)
         for (j, _), c in zip(state_cots, state_cot_t):
             state_cot[j] = apply("add", state_cot[j], c)
         products = [(forward[k], c) for (k, _), c in zip(out_cots, out_cot_t)]
         products += [(forward[n_out + j], c) for j, c in state_cot.items()]
         wrt = ([x_t[i] for i in float_seqs] + [prev_t[j] for j in float_states]
-               + [stand_ins[m] for m in float_invariants])
+               + [stand_ins[m] for m in accumulated] + users)
         total = _total(products)
         g = gradients(total, wrt) if total is not None else [None] * len(wrt)
         g = [_zeros_like(w) if gi is None else gi for w, gi in zip(wrt, g)]
-        d_x = g[:len(float_seqs)]
-        d_prev = g[len(float_seqs):len(float_seqs) + len(float_states)]
-        d_inv = g[len(float_seqs) + len(float_states):]
-        results = d_x + d_prev + [apply("add", s, d) for s, d in zip(sums, d_inv)]
-        results = substitute(results, {p.id: v for p, v in zip(stand_ins, invariants)})
-        return results[:len(d_x)], results[len(d_x):]
+        n_x, n_prev, n_acc = len(float_seqs), len(float_states), len(accumulated)
+        d_x, d_prev = g[:n_x], g[n_x:n_x + n_prev]
+        d_acc, d_users = g[n_x + n_prev:n_x + n_prev + n_acc], g[n_x + n_prev + n_acc:]
+        per_step = []  # what the product or sum after the loop needs from this step
+        for user, d in zip(users, d_users):
+            per_step += [user.inputs[0], d] if user.op == "dot" else [d]
+        outputs = d_x + per_step
+        carried = d_prev + [apply("add", s, d) for s, d in zip(sums, d_acc)]
+        # one substitution for all, so that the values they share stay shared
+        both = substitute(outputs + carried, {p.id: v for p, v in zip(stand_ins, invariants)})
+        return both[:len(outputs)], both[len(outputs):]
 
     cot_seqs = [c for _, c in out_cots] + [c for _, c in state_cots]
     initial = []
     for j in float_states:
         final_cot = None if keep else grads.get(n_out + j)
         initial.append(_zeros_like(inits[j]) if final_cot is None else final_cot)
-    initial += [_zeros_like(invariants[m]) for m in float_invariants]
-    d_seqs, finals = scan(vjp_step, seqs + previous + cot_seqs, initial, reverse=not reverse,
-                          keep_history=False, where=body.where + " gradient")
+    initial += [_zeros_like(invariants[m]) for m in accumulated]
+    stacked, finals = scan(vjp_step, seqs + previous + cot_seqs, initial, reverse=not reverse,
+                           keep_history=False, where=body.where + " gradient")
     result = [None] * len(node.inputs)
-    for i, d in zip(float_seqs, d_seqs):
+    for i, d in zip(float_seqs, stacked):
         result[i] = d
     for j, d in zip(float_states, finals[:len(float_states)]):
         result[n_seq + j] = d
-    for m, d in zip(float_invariants, finals[len(float_states):]):
+    for m, d in zip(accumulated, finals[len(float_states):]):
         result[n_seq + n_state + m] = d
+    after = iter(stacked[len(float_seqs):])
+    for m, user in summed_after.items():
+        if user.op == "dot":  # sum over steps of left_t^T @ d_t: one product over all rows
+            left, d = next(after), next(after)
+            rows = [apply("reshape", v, shape=(-1, v.shape[-1])) for v in (left, d)]
+            result[n_seq + n_state + m] = apply("dot", *rows, transpose_a=True)
+        else:  # a bias broadcast along the batch: its gradient sums steps and rows
+            result[n_seq + n_state + m] = apply("sum", next(after), axis=(0, 1))
     return result
+
+
+def _single_use(body):
+    """{invariant index: its one use} where that use makes the invariant's gradient
+    a product (``dot(h_t, w)``: the sum over steps of h_t^T @ d_t) or a sum over the
+    batch (``x_t + b`` with b broadcast along axis 0) at every step."""
+    users = {}
+    for node in toposort(body.outputs + body.new_states):
+        for i in node.inputs:
+            users.setdefault(i.id, []).append(node)
+    result = {}
+    for m, ph in enumerate(body.invariant_inputs):
+        use = users.get(ph.id, [])
+        if len(use) != 1 or None in ph.shape:
+            continue
+        if _summable_after(use[0], ph):
+            result[m] = use[0]
+    return result
+
+
+def _summable_after(use, ph):
+    if len(use.inputs) != 2:
+        return False
+    left, right = use.inputs
+    if use.op == "dot":
+        return (right is ph and left is not ph and left.ndim == 2 and ph.ndim == 2
+                and not use.attrs.get("transpose_a") and not use.attrs.get("transpose_b"))
+    return (use.op == "add" and use.ndim == 2 and ph.ndim == 1 and left is not right
+            and (left if right is ph else right).shape == use.shape)
 
 
 library("scan", _scan_infer, _run_scan, grad=_scan_grad, multi_output=True)

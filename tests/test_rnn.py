@@ -315,10 +315,30 @@ def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
         (T, None, 4 * units)]
 
     xv = RNG.standard_normal((B, T, I))
-    h = c = np.zeros((B, units))
-    for t in range(T):
-        z = xv[:, t] @ kernel + bias + h @ recurrent
-        hs = [np.clip(0.2 * z[:, g] + 0.5, 0, 1) for g in gates]
-        c = hs[1] * c + hs[0] * np.tanh(z[:, gates[2]])
-        h = hs[3] * np.tanh(c)
-    np.testing.assert_allclose(fn([xv])[0], h, rtol=1e-10, atol=1e-12)
+
+    def numpy_lstm(kernel, recurrent, bias):
+        h = c = np.zeros((B, units))
+        for t in range(T):
+            z = xv[:, t] @ kernel + bias + h @ recurrent
+            hs = [np.clip(0.2 * z[:, g] + 0.5, 0, 1) for g in gates]
+            c = hs[1] * c + hs[0] * np.tanh(z[:, gates[2]])
+            h = hs[3] * np.tanh(c)
+        return h
+
+    np.testing.assert_allclose(fn([xv])[0], numpy_lstm(kernel, recurrent, bias),
+                               rtol=1e-10, atol=1e-12)
+
+    # back-propagation through time: the step's gradient is one product back per
+    # step; the weight and bias gradients are products and sums over all steps
+    grads = K.gradients(K.sum(last * last), [w, u, b])
+    grad_fn = K.function([x], grads)
+    (back,) = [n for n in toposort(grad_fn.plan.targets)
+               if n.op == "scan" and n.attrs["body"].where == "rnn gradient"]
+    assert [s.label for s in back.attrs["body"].plan.steps].count("dot") == 1
+    got = grad_fn([xv])
+    for k, value in enumerate((kernel, recurrent, bias)):
+        def loss(v, k=k):
+            args = [kernel, recurrent, bias]
+            args[k] = v
+            return (numpy_lstm(*args) ** 2).sum()
+        np.testing.assert_allclose(got[k], finite_difference(loss, value), rtol=1e-5, atol=1e-7)

@@ -16,7 +16,7 @@ from .graph import Constant, Tensor, toposort
 from .ops import OPS, apply, as_tensor, last_axis_window
 
 
-def _is_float(t):
+def is_float(t):
     return np.dtype(t.dtype).kind == "f"
 
 
@@ -32,7 +32,7 @@ def gradients(loss, variables):
     for v in variables:
         if not isinstance(v, Tensor):
             raise TypeError(f"gradients: expected tensors to differentiate against, got {v!r}")
-    if not _is_float(loss):
+    if not is_float(loss):
         raise TypeError(f"gradients: the loss must be a float tensor, got dtype {loss.dtype}")
     order = toposort([loss])
     relevant = _depends_on(order, {v.id for v in variables})
@@ -64,7 +64,7 @@ def gradients(loss, variables):
                 k = node.attrs["index"]
                 parts[k] = gi if k not in parts else apply("add", parts[k], gi)
                 continue
-            if not _is_float(inp):
+            if not is_float(inp):
                 continue
             uses.setdefault(inp.id, []).append(_fit(gi, inp))
     result = [gradient_of(v) for v in variables]

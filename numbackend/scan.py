@@ -21,6 +21,7 @@ recomputes each step's forward values from the stored state history.
 """
 import numpy as np
 
+from .autodiff import gradients, is_float
 from .graph import Constant, Placeholder, format_shape, substitute, toposort
 from .ops import OPS, apply, as_tensor, library
 
@@ -121,10 +122,6 @@ def _shift(history, init, reverse):
     return apply("concatenate", first, apply("getitem", history, key=(slice(None, -1),)), axis=0)
 
 
-def _is_float(t):
-    return np.dtype(t.dtype).kind == "f"
-
-
 def _zeros_like(t):
     return apply("broadcast_like", Constant(np.zeros((), dtype=t.dtype)), t)
 
@@ -141,7 +138,6 @@ def _total(products):
 
 def _scan_grad(grads, node):
     """Back-propagation through time: a reverse scan over the step's VJP."""
-    from .autodiff import gradients
     body = node.attrs["body"]
     reverse, keep = node.attrs["reverse"], node.attrs["keep_history"]
     n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
@@ -155,10 +151,10 @@ def _scan_grad(grads, node):
                 for j, init in enumerate(inits)]
     out_cots = [(k, grads[k]) for k in range(n_out) if k in grads]
     state_cots = [(j, grads[n_out + j]) for j in range(n_state)
-                  if keep and n_out + j in grads and _is_float(inits[j])]
-    float_states = [j for j in range(n_state) if _is_float(inits[j])]
-    float_invariants = [m for m, v in enumerate(invariants) if _is_float(v)]
-    float_seqs = [i for i, s in enumerate(seqs) if _is_float(s)]
+                  if keep and n_out + j in grads and is_float(inits[j])]
+    float_states = [j for j in range(n_state) if is_float(inits[j])]
+    float_invariants = [m for m, v in enumerate(invariants) if is_float(v)]
+    float_seqs = [i for i, s in enumerate(seqs) if is_float(s)]
     # invariants whose gradient is one product or sum over all steps, taken after
     # the loop from per-step values; the others are summed in a carried state
     used_by = _single_use(body)

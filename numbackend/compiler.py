@@ -52,13 +52,10 @@ def merge_sibling_dots(targets):
         right = node.inputs[1]
         if right.op != "getitem" or right.ndim != 2 or right.inputs[0].ndim != 2:
             continue
-        key, base = right.attrs["key"], right.inputs[0]
-        if (len(key) != 2 or key[0] != slice(None) or not isinstance(key[1], slice)
-                or base.shape[1] is None):
-            continue
-        start, stop, step = key[1].indices(base.shape[1])
-        if step == 1 and start < stop:
-            groups.setdefault((node.inputs[0].id, base.id), []).append((start, stop, node))
+        base = right.inputs[0]
+        window = last_axis_window(right.attrs["key"], base.shape)
+        if window is not None:
+            groups.setdefault((node.inputs[0].id, base.id), []).append((*window, node))
     replacements = {}
     for members in groups.values():
         spans = sorted({(start, stop) for start, stop, _ in members})

@@ -14,7 +14,16 @@ import os
 import numpy as np
 
 from . import codegen
-from .graph import Constant, Placeholder, Tensor, Variable, format_shape, substitute, toposort
+from .graph import (
+    Constant,
+    Placeholder,
+    Tensor,
+    Variable,
+    consumers_of,
+    format_shape,
+    substitute,
+    toposort,
+)
 from .ops import OPS, last_axis_window
 
 # Below this many elements a kernel runs its serial loop: a parallel region
@@ -204,10 +213,7 @@ def partition(order, targets):
     cycle between steps results; it is an output of that group when something outside
     it also needs the value.  Returns {node id: unit}, a unit being a Group or, for a
     library step, the node itself."""
-    users = {}
-    for node in order:
-        for inp in node.inputs:
-            users.setdefault(inp.id, []).append(node)
+    users = consumers_of(order)
     target_ids = {t.id for t in targets}
     unit_of = {}
     for node in reversed(order):
@@ -567,10 +573,7 @@ def _windows(order, targets, unit_of):
     """The last-axis slices every consumer of which is a kernel over the slice's own
     shape: {node id: (offset, width)}; those kernels read the slice in place."""
     target_ids = {t.id for t in targets}
-    consumers = {}
-    for node in order:
-        for i in node.inputs:
-            consumers.setdefault(i.id, []).append(node)
+    consumers = consumers_of(order)
     windows = {}
     for node in order:
         window = _window_of(node)

@@ -145,13 +145,18 @@ def eye(size, dtype=None, name=None):
 
 def zeros_like(x, dtype=None, name=None):
     """Zeros of the shape of x (a tensor: its runtime shape)."""
-    return apply("multiply", apply("cast", as_tensor(x), dtype=dtype or _like_dtype(x)), 0)
+    return _filled_like(x, 0, dtype)
 
 
 def ones_like(x, dtype=None, name=None):
     """Ones of the shape of x (a tensor: its runtime shape)."""
-    z = zeros_like(x, dtype=dtype)
-    return apply("add", z, 1)
+    return _filled_like(x, 1, dtype)
+
+
+def _filled_like(x, value, dtype):
+    # broadcast, not x * 0: an inf or NaN in x must not leak into the result
+    dtype = canonical_dtype(dtype or _like_dtype(x), "zeros_like")
+    return apply("broadcast_like", Constant(np.full((), value, dtype=dtype)), as_tensor(x))
 
 
 def _like_dtype(x):

@@ -222,6 +222,15 @@ def toposort(outputs):
     return order
 
 
+def consumers_of(order):
+    """{node id: the nodes in ``order`` that take it as an input}."""
+    users = {}
+    for node in order:
+        for inp in node.inputs:
+            users.setdefault(inp.id, []).append(node)
+    return users
+
+
 def format_shape(shape):
     return "(" + ", ".join("None" if d is None else str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 

@@ -1,6 +1,7 @@
 """Loops over a sequence: ``rnn`` (Keras's recurrent layers), ``foldl``,
 ``foldr`` and ``map_fn``, all on the scan op (scan.py): the step is traced
 once and the loop runs as one plan step."""
+from .core import zeros_like
 from .graph import Tensor, canonical_dtype, format_shape
 from .ops import apply, as_tensor
 from .scan import scan
@@ -73,7 +74,7 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         or initial_states[0].dtype != first_output.dtype)
     states = list(initial_states)
     if carry_output:
-        states.append(apply("broadcast_like", as_tensor(0, dtype=first_output.dtype), first_output))
+        states.append(zeros_like(first_output))
     uses_learning_phase = []
 
     def step(slices, carried):

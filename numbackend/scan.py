@@ -22,7 +22,8 @@ recomputes each step's forward values from the stored state history.
 import numpy as np
 
 from .autodiff import gradients, is_float
-from .graph import Constant, Placeholder, format_shape, substitute, toposort
+from .core import zeros_like
+from .graph import Placeholder, consumers_of, format_shape, substitute, toposort
 from .ops import OPS, apply, as_tensor, library
 
 
@@ -122,10 +123,6 @@ def _shift(history, init, reverse):
     return apply("concatenate", first, apply("getitem", history, key=(slice(None, -1),)), axis=0)
 
 
-def _zeros_like(t):
-    return apply("broadcast_like", Constant(np.zeros((), dtype=t.dtype)), t)
-
-
 def _total(products):
     """The sum of all elements of each product, added up: the scalar whose gradient
     is a vector-Jacobian product."""
@@ -187,7 +184,7 @@ def _scan_grad(grads, node):
                + [stand_ins[m] for m in accumulated] + users)
         total = _total(products)
         g = gradients(total, wrt) if total is not None else [None] * len(wrt)
-        g = [_zeros_like(w) if gi is None else gi for w, gi in zip(wrt, g)]
+        g = [zeros_like(w) if gi is None else gi for w, gi in zip(wrt, g)]
         n_x, n_prev, n_acc = len(float_seqs), len(float_states), len(accumulated)
         d_x, d_prev = g[:n_x], g[n_x:n_x + n_prev]
         d_acc, d_users = g[n_x + n_prev:n_x + n_prev + n_acc], g[n_x + n_prev + n_acc:]
@@ -204,8 +201,8 @@ def _scan_grad(grads, node):
     initial = []
     for j in float_states:
         final_cot = None if keep else grads.get(n_out + j)
-        initial.append(_zeros_like(inits[j]) if final_cot is None else final_cot)
-    initial += [_zeros_like(invariants[m]) for m in accumulated]
+        initial.append(zeros_like(inits[j]) if final_cot is None else final_cot)
+    initial += [zeros_like(invariants[m]) for m in accumulated]
     stacked, finals = scan(vjp_step, seqs + previous + cot_seqs, initial, reverse=not reverse,
                            keep_history=False, where=body.where + " gradient")
     result = [None] * len(node.inputs)
@@ -230,10 +227,7 @@ def _single_use(body):
     """{invariant index: its one use} where that use makes the invariant's gradient
     a product (``dot(h_t, w)``: the sum over steps of h_t^T @ d_t) or a sum over the
     batch (``x_t + b`` with b broadcast along axis 0) at every step."""
-    users = {}
-    for node in toposort(body.outputs + body.new_states):
-        for i in node.inputs:
-            users.setdefault(i.id, []).append(node)
+    users = consumers_of(toposort(body.outputs + body.new_states))
     result = {}
     for m, ph in enumerate(body.invariant_inputs):
         use = users.get(ph.id, [])
@@ -369,10 +363,7 @@ def _keep_cheap_work_in_loop(targets, kinds, outer):
     it: there they fuse into the step's kernel instead of making a pass of their
     own over all steps (hoisting them pays only where a product follows)."""
     order = toposort(targets)
-    consumers = {}
-    for node in order:
-        for i in node.inputs:
-            consumers.setdefault(i.id, []).append(node)
+    consumers = consumers_of(order)
     target_ids = {t.id for t in targets}
     for node in reversed(order):
         if (kinds[node.id] != "seq" or node.id not in outer or node.id in target_ids

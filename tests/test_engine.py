@@ -392,3 +392,13 @@ def test_a_slice_that_is_also_returned_is_copied_once():
     np.testing.assert_array_equal(got[0], xv[:, 2:5])
     np.testing.assert_array_equal(got[1], xv[:, 2:5] * 2)
     assert got[0].flags.c_contiguous
+
+
+def test_zeros_and_ones_like_ignore_the_values_of_x():
+    # x * 0 would turn inf and NaN into NaN
+    x = K.placeholder((None, 3))
+    fn = K.function([x], [K.zeros_like(x), K.ones_like(x, dtype="int32")])
+    zeros, ones = fn([np.array([[np.inf, -np.inf, np.nan]], dtype=np.float32)])
+    np.testing.assert_array_equal(zeros, np.zeros((1, 3), np.float32))
+    assert ones.dtype == np.int32
+    np.testing.assert_array_equal(ones, np.ones((1, 3), np.int32))

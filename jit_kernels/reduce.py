@@ -5,17 +5,18 @@ so each loop that accumulates floats is compiled with reassociation allowed.
 These functions are called, never inlined, so the flags stay here and cannot
 reach the exactly-rounded math of the kernels that call them.  The result of
 a vectorised sum is deterministic for a given machine; it differs from a
-sequential sum by rounding only.  max/min ignore NaN in their fast loop and
-then look for NaN separately, so a NaN anywhere still gives NaN (as np.max).
+sequential sum by rounding only.  max/min need no such flag: they use LLVM's
+NaN-propagating maximum/minimum, which vectorise as they are.
 """
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 _exact = numba.njit(cache=True, error_model="numpy", nogil=True)
 _reordered = numba.njit(cache=True, error_model="numpy", nogil=True,
                         fastmath={"reassoc", "nsz", "contract"})
-_reordered_nonan = numba.njit(cache=True, error_model="numpy", nogil=True,
-                              fastmath={"reassoc", "nsz", "contract", "nnan"})
 
 
 @_reordered
@@ -36,48 +37,56 @@ def row_prod(x, n):
     return p
 
 
-@_exact
-def _has_nan(x, n):
-    found = False
-    for i in range(n):
-        found |= x[i] != x[i]
-    return found
+def _select_intrinsic(kind):
+    """An intrinsic ``f(a, b)`` for max or min of two scalars of one type.
+
+    Floats use llvm.maximum/llvm.minimum, which propagate NaN (like np.maximum)
+    and which the loop vectoriser turns into packed max/min without any
+    fast-math flag, so a row max is one vectorised pass with NumPy's NaN rule.
+    """
+    def typer(typingctx, a, b):
+        if a != b or not isinstance(a, (types.Float, types.Integer, types.Boolean)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            lty = args[0].type
+            if isinstance(a, types.Float):
+                name = f"llvm.{kind}imum"
+            elif isinstance(a, types.Boolean) or not a.signed:
+                name = f"llvm.u{kind}"
+            else:
+                name = f"llvm.s{kind}"
+            fn = builder.module.declare_intrinsic(name, [lty], ir.FunctionType(lty, [lty, lty]))
+            return builder.call(fn, args)
+        return a(a, b), codegen
+    typer.__name__ = f"{kind}imum"
+    return intrinsic(typer)
 
 
-@_reordered_nonan
-def _max_ignoring_nan(x, n):
-    if n == 0:
-        return x.dtype.type(-np.inf)
-    m = x[0]  # not an infinity: integers have none
-    for i in range(1, n):
-        m = x[i] if x[i] > m else m  # noqa: FURB136 - a select vectorises; Numba's max() does not
-    return m
-
-
-@_reordered_nonan
-def _min_ignoring_nan(x, n):
-    if n == 0:
-        return x.dtype.type(np.inf)
-    m = x[0]  # not an infinity: integers have none
-    for i in range(1, n):
-        m = x[i] if x[i] < m else m  # noqa: FURB136 - a select vectorises; Numba's min() does not
-    return m
+_maximum = _select_intrinsic("max")
+_minimum = _select_intrinsic("min")
 
 
 @_exact
 def row_max(x, n):
     """max(x[:n]); NaN if any element is NaN (like np.max); -inf when n == 0 (floats)."""
-    if _has_nan(x, n):
-        return x.dtype.type(np.nan)
-    return _max_ignoring_nan(x, n)
+    if n == 0:
+        return x.dtype.type(-np.inf)
+    m = x[0]
+    for i in range(1, n):
+        m = _maximum(m, x[i])
+    return m
 
 
 @_exact
 def row_min(x, n):
     """min(x[:n]); NaN if any element is NaN (like np.min); inf when n == 0 (floats)."""
-    if _has_nan(x, n):
-        return x.dtype.type(np.nan)
-    return _min_ignoring_nan(x, n)
+    if n == 0:
+        return x.dtype.type(np.inf)
+    m = x[0]
+    for i in range(1, n):
+        m = _minimum(m, x[i])
+    return m
 
 
 @_exact

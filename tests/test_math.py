@@ -243,6 +243,26 @@ def test_reduction_dtypes(name, dtype):
     np.testing.assert_allclose(out.astype(np.float64), expected.astype(np.float64), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int8", "uint8", "int64"])
+def test_max_min_special_values_anywhere_in_a_row(dtype):
+    """Rows long enough for packed loops, with NaN (any one NaN makes the result NaN,
+    as np.max) or the type's extremes at the start, in the middle and in the tail."""
+    n = 67
+    if np.dtype(dtype).kind == "f":
+        x = sample((9, n), dtype)
+        specials = [np.nan, np.inf, -np.inf]
+    else:
+        info = np.iinfo(dtype)
+        x = RNG.integers(info.min, info.max, size=(9, n), endpoint=True).astype(dtype)
+        specials = [info.min, info.max]
+    for row, column in enumerate([0, 1, 30, 64, 66, 0, 33, 65, 2]):
+        x[row, column] = specials[row % len(specials)]
+    t = placeholder_for(x)
+    out_max, out_min = K.function([t], [K.max(t, axis=-1), K.min(t, axis=-1)])([x])
+    np.testing.assert_array_equal(out_max, np.max(x, axis=-1))
+    np.testing.assert_array_equal(out_min, np.min(x, axis=-1))
+
+
 def test_reduction_keras_shape_and_static_shape():
     x = K.placeholder((None, 3, 4))
     assert K.int_shape(K.sum(x, axis=[1, 2])) == (None,)

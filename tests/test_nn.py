@@ -107,7 +107,8 @@ def np_log_softmax(x, axis=-1):
 
 
 @pytest.mark.parametrize("dtype,shape,axis", [("float32", (6, 5), -1), ("float64", (6, 5), -1),
-                                              ("float32", (2, 5, 3), 1)])
+                                              ("float32", (2, 5, 3), 1),
+                                              ("float32", (131, 9), -1)])  # rows in blocks
 def test_softmax(dtype, shape, axis):
     x = K.placeholder(ndim=len(shape), dtype=dtype)
     xv = data(shape, dtype, scale=30.0)

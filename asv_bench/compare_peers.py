@@ -1,7 +1,10 @@
 """Time the workloads of WORKLOADS.md with numbackend, NumPy and, when installed,
 JAX and ONNX Runtime, all in one run, and print each time with its ratio to ours.
 
-    python asv_bench/compare_peers.py [--quick] [--no-startup]
+    python asv_bench/compare_peers.py [--quick] [--no-startup] [--no-models]
+
+The models (W4, W5, W6) are compared with JAX, ONNX Runtime and torch where
+they are installed; each system's result is first checked against ours.
 
 Pin it for figures comparable with WORKLOADS.md's 2-core machine, e.g.
 ``taskset -c 0,1 python asv_bench/compare_peers.py``.  Absolute times move
@@ -20,14 +23,23 @@ F32 = np.float32
 THREADS = int(os.environ.get("COMPARE_THREADS", "2"))
 
 
-def median_time(fn, seconds):
-    fn()
-    times, deadline = [], time.perf_counter() + seconds
-    while time.perf_counter() < deadline or len(times) < 5:
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+def median_times(calls, seconds, rounds=5):
+    """{name: median time} of each call, timed in turns: ``rounds`` rounds, and in each
+    a pause and then seconds / rounds of calls of every system in turn.  Thread pools
+    that spin after their work (ONNX Runtime's, OpenBLAS's) would otherwise slow
+    whichever system happens to be timed after them."""
+    times = {name: [] for name in calls}
+    for call in calls.values():
+        call()
+    for _ in range(rounds):
+        for name, call in calls.items():
+            time.sleep(0.05)
+            deadline = time.perf_counter() + seconds / rounds
+            while time.perf_counter() < deadline or len(times[name]) < 5:
+                start = time.perf_counter()
+                call()
+                times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def workloads():
@@ -186,6 +198,162 @@ def jax_train(mlp):
     return run
 
 
+def model_workloads():
+    """W4 (mnist_cnn at batch 1 and 64), W5 (LSTM) and W6 (CTC loss and gradient):
+    {label: {system: call}}, each system's call computing the same numbers."""
+    from benchmarks import bench_rnn, common
+
+    import numbackend as K
+    cnn_w = common.cnn_weights()
+    cnn_x = {b: common.cnn_inputs(b) for b in (1, 64)}
+    lstm_w, lstm_x = bench_rnn.lstm_weights(), bench_rnn.lstm_inputs()
+    ctc = common.ctc_inputs()
+    cases = {f"W4 batch {b}": {} for b in (1, 64)}
+    cases["W5 LSTM"], cases["W6 CTC"] = {}, {}
+    f4 = common.cnn_function(K, cnn_w)
+    x = K.placeholder((None, bench_rnn.STEPS, bench_rnn.INPUTS))
+    f5 = K.function([x], [bench_rnn.lstm_last_output(x, *[K.variable(w) for w in lstm_w])])
+    f6 = common.ctc_function(K, *ctc[0].shape, ctc[1].shape[1])
+    for b in (1, 64):
+        cases[f"W4 batch {b}"]["numbackend"] = lambda b=b: f4([cnn_x[b]])[0]
+        cases[f"W4 batch {b}"]["numpy"] = lambda b=b: common.cnn_numpy(cnn_w, cnn_x[b])
+    cases["W5 LSTM"]["numbackend"] = lambda: f5([lstm_x])[0]
+    cases["W5 LSTM"]["numpy"] = lambda: bench_rnn.lstm_numpy(lstm_x, *lstm_w)
+    cases["W6 CTC"]["numbackend"] = lambda: f6(list(ctc))[1]
+    cases["W6 CTC"]["numpy"] = lambda: common.ctc_numpy(ctc[0], ctc[1])[1]
+    for name, build in (("jax", _jax_models), ("onnxruntime", _onnx_models), ("torch", _torch_models)):
+        try:
+            built = build(cnn_w, cnn_x, lstm_w, lstm_x, ctc)
+        except ImportError as exc:
+            print(f"# {name}: not installed ({exc.name})")
+            continue
+        for label, call in built.items():
+            cases[label][name] = call
+    return cases
+
+
+def _jax_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_w
+
+    @jax.jit
+    def cnn(x):
+        dims = ("NHWC", "HWIO", "NHWC")
+        h = jax.nn.relu(lax.conv_general_dilated(x, k1, (1, 1), "VALID", dimension_numbers=dims) + c1)
+        h = jax.nn.relu(lax.conv_general_dilated(h, k2, (1, 1), "VALID", dimension_numbers=dims) + c2)
+        h = lax.reduce_window(h, -jnp.inf, lax.max, (1, 2, 2, 1), (1, 2, 2, 1), "VALID")
+        h = jax.nn.relu(h.reshape(h.shape[0], -1) @ w3 + b3)
+        return jax.nn.softmax(h @ w4 + b4, axis=-1)
+
+    kernel, recurrent, bias = lstm_w
+    units = recurrent.shape[0]
+
+    @jax.jit
+    def lstm(x):
+        projected = jnp.einsum("bti,ig->tbg", x, kernel) + bias
+
+        def step(carry, z_x):
+            h, c = carry
+            z = z_x + h @ recurrent
+            gate = lambda k: jnp.clip(0.2 * z[:, k * units:(k + 1) * units] + 0.5, 0, 1)
+            c = gate(1) * c + gate(0) * jnp.tanh(z[:, 2 * units:3 * units])
+            h = gate(3) * jnp.tanh(c)
+            return (h, c), None
+
+        zeros = jnp.zeros((x.shape[0], units), x.dtype)
+        (h, _), _ = lax.scan(step, (zeros, zeros), projected)
+        return h
+
+    return {"W4 batch 1": lambda: cnn(cnn_x[1]).block_until_ready(),
+            "W4 batch 64": lambda: cnn(cnn_x[64]).block_until_ready(),
+            "W5 LSTM": lambda: lstm(lstm_x).block_until_ready()}
+
+
+def _onnx_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
+    import onnxruntime  # noqa: F401 - fail here, before the model is built, when missing
+    from onnx import TensorProto, helper
+    n = helper.make_node
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_w
+    # NCHW, as a converted model takes it; the flatten goes back to Keras's NHWC order.
+    nodes = [n("Conv", ["x", "k1", "c1"], ["h1"]), n("Relu", ["h1"], ["r1"]),
+             n("Conv", ["r1", "k2", "c2"], ["h2"]), n("Relu", ["h2"], ["r2"]),
+             n("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Transpose", ["p"], ["pt"], perm=[0, 2, 3, 1]), n("Flatten", ["pt"], ["f"]),
+             n("Gemm", ["f", "w3", "b3"], ["d"]), n("Relu", ["d"], ["dr"]),
+             n("Gemm", ["dr", "w4", "b4"], ["z"]), n("Softmax", ["z"], ["y"], axis=-1)]
+    inits = [("k1", k1.transpose(3, 2, 0, 1).copy()), ("c1", c1), ("k2", k2.transpose(3, 2, 0, 1).copy()),
+             ("c2", c2), ("w3", w3), ("b3", b3), ("w4", w4), ("b4", b4)]
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    cnn = _onnx_session(nodes, [vi("x", ["n", 1, 28, 28])], [vi("y", ["n", 10])], inits)
+    nchw = {b: cnn_x[b].transpose(0, 3, 1, 2).copy() for b in cnn_x}
+
+    kernel, recurrent, bias = lstm_w
+    units = recurrent.shape[0]
+    order = [0, 3, 1, 2]  # ONNX gates i, o, f, c from Keras's i, f, c, o
+    pick = lambda m: np.concatenate([m[..., g * units:(g + 1) * units] for g in order], axis=-1)
+    lstm_inits = [("W", pick(kernel).T[None].copy()), ("R", pick(recurrent).T[None].copy()),
+                  ("B", np.concatenate([pick(bias), np.zeros(4 * units, F32)])[None])]
+    lstm_nodes = [n("Transpose", ["x"], ["xt"], perm=[1, 0, 2]),
+                  n("LSTM", ["xt", "W", "R", "B"], ["all", "h"], hidden_size=units,
+                    activations=["HardSigmoid", "Tanh", "Tanh"], activation_alpha=[0.2, 1.0, 1.0],
+                    activation_beta=[0.5, 0.0, 0.0]),
+                  n("Squeeze", ["h", "axis0"], ["y"])]
+    lstm_inits.append(("axis0", np.array([0], np.int64)))
+    batch, steps, inputs = lstm_x.shape
+    lstm = _onnx_session(lstm_nodes, [vi("x", [batch, steps, inputs])], [vi("y", [batch, units])],
+                         lstm_inits)
+    return {"W4 batch 1": lambda: cnn.run(None, {"x": nchw[1]})[0],
+            "W4 batch 64": lambda: cnn.run(None, {"x": nchw[64]})[0],
+            "W5 LSTM": lambda: lstm.run(None, {"x": lstm_x})[0]}
+
+
+def _onnx_session(nodes, inputs, outputs, inits=()):
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+    graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = THREADS
+    opts.inter_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+
+
+def _torch_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
+    import torch
+    torch.set_num_threads(THREADS)
+    y_pred, labels, input_length, label_length = ctc
+    classes = y_pred.shape[2]
+    targets = torch.from_numpy(labels.astype(np.int64))
+    lengths_in = torch.from_numpy(input_length[:, 0].astype(np.int64))
+    lengths_label = torch.from_numpy(label_length[:, 0].astype(np.int64))
+
+    def ctc_call():
+        # Keras's ctc_batch_cost: log(y_pred + epsilon), blank last, per-sample losses.
+        y = torch.from_numpy(y_pred).requires_grad_()
+        log_probs = torch.log(y + 1e-7).transpose(0, 1)
+        loss = torch.nn.functional.ctc_loss(log_probs, targets, lengths_in, lengths_label,
+                                            blank=classes - 1, reduction="sum", zero_infinity=False)
+        loss.backward()
+        return y.grad.numpy()
+
+    return {"W6 CTC": ctc_call}
+
+
+def _check_same(label, calls):
+    """Every system must compute numbackend's numbers, or its time means nothing."""
+    ours = np.asarray(calls["numbackend"]())
+    for name, call in calls.items():
+        theirs = np.asarray(call())
+        scale = np.abs(ours).max()
+        if theirs.shape != ours.shape or not np.allclose(theirs, ours, rtol=1e-3, atol=1e-4 * scale):
+            raise AssertionError(f"{label}: {name} computes other numbers than numbackend")
+
+
 def main():
     seconds = 0.5 if "--quick" in sys.argv else 2.0
     w1, w2a, w2b, mlp, mlp_inputs = workloads()
@@ -200,23 +368,27 @@ def main():
     print(f"{'workload':16s}" + "".join(f"{name:>22s}" for name in fns))
     for label, batch in cases:
         key = label.split()[0][:2] if batch else label
-        times = {}
         x = mlp_inputs.get(batch)
+        calls = {}
         for name, table in fns.items():
             fn = table["W3"] if batch else table[key]
-            call = (lambda fn=fn, x=x: fn(x)) if batch else fn
-            times[name] = median_time(call, seconds)
+            calls[name] = (lambda fn=fn, x=x: fn(x)) if batch else fn
+        times = median_times(calls, seconds)
         print(f"{label:16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()),
               flush=True)
     from benchmarks.bench_training import w7_batch
     xy = w7_batch()
     train = {"numbackend": numbackend_train, "numpy": numpy_train, "jax": jax_train}
-    times = {}
-    for name, build in train.items():
-        if name in fns:
-            fn = build(mlp)
-            times[name] = median_time(lambda fn=fn: fn(xy), seconds)
+    steps = {name: build(mlp) for name, build in train.items() if name in fns}
+    calls = {name: (lambda step=step: step(xy)) for name, step in steps.items()}
+    times = median_times(calls, seconds)
     print(f"{'W7 train step':16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()))
+    if "--no-models" not in sys.argv:
+        for label, calls in model_workloads().items():
+            _check_same(label, calls)
+            times = median_times(calls, seconds)
+            print(f"{label:16s}" + "".join(f"{name}: {_cell(t, times['numbackend'])}  "
+                                            for name, t in times.items()), flush=True)
     print("(each cell: median time (time / numbackend's time); above 1.00x is slower than numbackend)")
     if "--no-startup" not in sys.argv:
         startup()

@@ -541,7 +541,7 @@ class Plan:
                 call_args.append(name)
         arglist = ", ".join(call_args)
         lines.append("try:")
-        lines.append(f"    if {_size_expr(kernel_args, patterns)} >= _PAR:")
+        lines.append(f"    if {_size_expr(kernel_args, patterns, windows)} >= _PAR:")
         lines.append(f"        {targets} = {kname}.kernel_par({arglist})")
         lines.append("    else:")
         lines.append(f"        {targets} = {kname}.kernel_ser({arglist})")
@@ -603,10 +603,14 @@ def _index(seq, item):
     raise KeyError(item)
 
 
-def _size_expr(names, patterns):
+def _size_expr(names, patterns, windows):
+    """Python expression for the number of elements a kernel loops over."""
     for n, p in zip(names, patterns):
-        if p in ("F", "W"):  # a window's array is wider: near enough to choose a loop
+        if p == "F":
             return f"{n}.size"
+    for i, (n, p) in enumerate(zip(names, patterns)):
+        if p == "W":  # the array is wider than the window the kernel reads
+            return f"{n}.size // max({n}.shape[-1], 1) * {windows[i][1]}"
     rows = next((n for n, p in zip(names, patterns) if p == "R"), None)
     cols = next((n for n, p in zip(names, patterns) if p == "C"), None)
     parts = [f"{n}.size" for n in (rows, cols) if n is not None]

@@ -8,7 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from numbackend import codegen, ops
+from numbackend import codegen, compiler, ops
 from numbackend import core as K
 
 
@@ -381,6 +381,24 @@ def test_last_axis_slices_are_read_in_place_by_kernels():
     fn = K.function([x, y], [x[:, 0:4] * y])
     yv = np.full((1, 4), 2.0, np.float32)
     np.testing.assert_allclose(fn([xv, yv])[0], xv[:, 0:4] * 2.0)
+
+
+def test_a_narrow_window_of_a_wide_array_runs_the_serial_loop(monkeypatch):
+    """The loop is chosen by the elements the kernel computes (8 x 4), not by the size
+    of the array its window is read from (8 x 4000, above PARALLEL_MIN_SIZE)."""
+    x = K.placeholder((None, 4000))
+    fn = K.function([x], [ops.apply("tanh", x[:, 0:4]) * 2.0])
+    (kernel,) = fn.plan.kernels
+    calls = []
+    for variant in ("kernel_par", "kernel_ser"):
+        original = getattr(kernel, variant)
+        monkeypatch.setattr(kernel, variant,
+                            lambda *a, variant=variant, original=original: calls.append(variant)
+                            or original(*a))
+    xv = np.random.default_rng(4).standard_normal((8, 4000)).astype(np.float32)
+    assert xv.size >= compiler.PARALLEL_MIN_SIZE
+    np.testing.assert_allclose(fn([xv])[0], np.tanh(xv[:, 0:4]) * 2.0, rtol=1e-6)
+    assert calls == ["kernel_ser"]
 
 
 def test_a_slice_that_is_also_returned_is_copied_once():

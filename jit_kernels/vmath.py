@@ -43,7 +43,7 @@ Largest errors seen over the whole range (float32: every 13th bit pattern
 as well as the test's grids):
 
     function   exp   expm1  log   log1p  tanh  sigmoid  softplus  sin   cos   pow
-    float32    0.96  1.46   0.83  0.86   2.49  2.34     1.60      2.41  2.33  0.5
+    float32    0.96  1.46   0.83  0.86   5.90  2.34     1.60      2.41  2.33  0.5
     float64    0.94  1.90   0.77  0.77   2.49  2.17     1.49      2.02  1.92  1.7
 
 pow_f32 is correctly rounded but for rare double roundings.  pow_f64 carries
@@ -156,6 +156,25 @@ _F32_EXPM1_P = (
     np.float32(0.008333394303917885),
     np.float32(0.0013941507786512375),
     np.float32(0.00019843813788611442),
+)
+# tanh(x) = x P(z) / Q(z), z = x^2, for |x| <= _F32_TANH_CLAMP (fitted to
+# |relative error| < 2**-26.8; float32 evaluation brings it to 5.9 ulp).  Past
+# the clamp tanh rounds to +-1 in float32.
+_F32_TANH_CLAMP = np.float32(9.2)
+_F32_TANH_P = (
+    np.float32(1.0),
+    np.float32(0.13075391948223114),
+    np.float32(0.003094322746619582),
+    np.float32(1.1053281923523173e-05),
+    np.float32(-1.9813654716926976e-08),
+    np.float32(5.078887657661291e-11),
+    np.float32(-7.975699500796171e-14),
+)
+_F32_TANH_Q = (
+    np.float32(1.0),
+    np.float32(0.46408718824386597),
+    np.float32(0.02445683628320694),
+    np.float32(0.000253210193477571),
 )
 # log(1 + f) = 2 atanh(s) = 2s + s z P(z), s = f / (2 + f), z = s^2, for
 # 1 + f in [sqrt(1/2), sqrt(2)); |relative error| < 2**-30.
@@ -366,10 +385,17 @@ def log1p_f32(x):
 @vectorisable
 def tanh_f32(x):
     """Hyperbolic tangent for float32."""
-    # tanh|x| = -expm1(-2|x|) / (2 + expm1(-2|x|)): the expm1 is in (-1, 0], so
-    # nothing overflows, and it keeps relative accuracy for tiny x.
-    e = expm1_f32(np.float32(-2.0) * abs(x))
-    return np.float32(math.copysign(-e / (np.float32(2.0) + e), x))
+    # A rational function, as Eigen and XLA (and so TensorFlow on CPUs) use for
+    # float32: a third of the time of the expm1 form (tanh_f64) at up to 5.9 ulp
+    # instead of 2.5.  Python's min/max keep a nan first argument; x = +-0 and
+    # tiny x give x exactly (P(0) = Q(0) = 1).
+    y = max(min(x, _F32_TANH_CLAMP), -_F32_TANH_CLAMP)
+    z = y * y
+    p, q = _F32_TANH_P, _F32_TANH_Q
+    numerator = p[0] + z * (p[1] + z * (p[2] + z * (p[3] + z * (p[4] + z * (p[5] + z * p[6])))))
+    denominator = q[0] + z * (q[1] + z * (q[2] + z * q[3]))
+    # Rounding can take the quotient a few ulp past 1: clamp it (nan stays nan).
+    return min(max(y * numerator / denominator, np.float32(-1.0)), np.float32(1.0))
 
 
 @vectorisable
@@ -752,7 +778,9 @@ def log1p_f64(x):
 
 @vectorisable
 def tanh_f64(x):
-    """Hyperbolic tangent for float64 (see tanh_f32)."""
+    """Hyperbolic tangent for float64."""
+    # tanh|x| = -expm1(-2|x|) / (2 + expm1(-2|x|)): the expm1 is in (-1, 0], so
+    # nothing overflows, and it keeps relative accuracy for tiny x.
     e = expm1_f64(-2.0 * abs(x))
     return math.copysign(-e / (2.0 + e), x)
 

@@ -128,6 +128,14 @@ def _node_expr(spec, j, operand_exprs):
     return op.template.format(*casted, T=_SUFFIX.get(ct, "f64"), ct=scalar_type(ct), ot=scalar_type(ot))
 
 
+def work_per_element(spec):
+    """The kernel's work per element in units of a cheap element-wise operation
+    (about 0.2 ns); a vmath function (exp, tanh...) counts three."""
+    calls = sum("vm." in _node_expr(spec, j, ["v"] * len(node[2])) for j, node in enumerate(spec.nodes)
+                if _ops.OPS[node[0]].kind != "reduce")
+    return 1 + 3 * calls
+
+
 def generate_source(spec):
     """Python source of a kernel module with entry points `kernel_par` and `kernel_ser`."""
     lines = []

@@ -26,9 +26,13 @@ from .graph import (
 )
 from .ops import OPS, last_axis_window
 
-# Below this many elements a kernel runs its serial loop: a parallel region
-# costs microseconds, more than a small loop takes.
-PARALLEL_MIN_SIZE = 16384
+# A kernel runs its parallel loop from this much work (elements times
+# codegen.work_per_element) up, its serial loop below: waking the sleeping
+# threads costs about 20 us, which a cheap loop over 250k elements just repays
+# on 2 cores when alone (add -> maximum; a tanh kernel breaks even at 60k).
+# Between BLAS calls, whose threads are still spinning, it takes more: the
+# W7 training step ran fastest with its 400k-element weight updates serial.
+PARALLEL_MIN_WORK = 500_000
 # Groups whose domain is known to be this small are evaluated with NumPy: no compile.
 NUMPY_MAX_SIZE = 16
 LEAVES = ("placeholder", "variable", "constant")
@@ -400,7 +404,7 @@ class Plan:
         return schedule
 
     def _build(self, schedule, unit_of):
-        ns = {"np": np, "_PAR": PARALLEL_MIN_SIZE, "_bshape": _broadcast_runtime}
+        ns = {"np": np, "_PAR": PARALLEL_MIN_WORK, "_bshape": _broadcast_runtime}
         lines = []
         names = {}
         fresh = {}
@@ -541,7 +545,8 @@ class Plan:
                 call_args.append(name)
         arglist = ", ".join(call_args)
         lines.append("try:")
-        lines.append(f"    if {_size_expr(kernel_args, patterns, windows)} >= _PAR:")
+        weight = codegen.work_per_element(spec)
+        lines.append(f"    if {_size_expr(kernel_args, patterns, windows)} * {weight} >= _PAR:")
         lines.append(f"        {targets} = {kname}.kernel_par({arglist})")
         lines.append("    else:")
         lines.append(f"        {targets} = {kname}.kernel_ser({arglist})")

@@ -458,7 +458,10 @@ def _dot(x, y, transpose_a=False, transpose_b=False):
     if x.ndim > 2 and y.ndim == 2 and x.flags.c_contiguous:
         # np.dot runs a slow loop, not BLAS, for a 3-D and up left operand
         return np.dot(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + y.shape[-1:])
-    return np.dot(x.T if transpose_a else x, y.T if transpose_b else y)
+    x, y = (x.T if transpose_a else x), (y.T if transpose_b else y)
+    if x.ndim == 2 and y.ndim == 2:
+        return np.matmul(x, y)  # the same product, a few percent less overhead
+    return np.dot(x, y)
 
 
 def _as_matrix(t):

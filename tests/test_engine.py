@@ -87,11 +87,32 @@ def test_runtime_broadcast_of_unknown_dim_falls_back_correctly():
     np.testing.assert_allclose(f([av, bv])[0], av * bv + 1)
 
 
-def test_large_arrays_use_the_parallel_kernel_and_agree():
+def record_loops(monkeypatch, kernel):
+    """The list of kernel_par / kernel_ser calls of a kernel module, as they happen."""
+    calls = []
+    for variant in ("kernel_par", "kernel_ser"):
+        original = getattr(kernel, variant)
+        monkeypatch.setattr(kernel, variant,
+                            lambda *a, variant=variant, original=original: calls.append(variant)
+                            or original(*a))
+    return calls
+
+
+def test_the_loop_is_chosen_by_the_work(monkeypatch):
+    """Cheap kernels stay serial up to PARALLEL_MIN_WORK elements; one with a vmath
+    function goes parallel from a quarter of that."""
     a = K.placeholder((None,))
-    f = K.function([a], [a * a - 3.0 * a])
-    v = np.linspace(-5, 5, 100_003).astype(np.float32)
-    np.testing.assert_allclose(f([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
+    cheap = K.function([a], [a * a - 3.0 * a])
+    costly = K.function([a], [ops.apply("tanh", a) * 2.0])
+    (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
+    cheap_calls = record_loops(monkeypatch, cheap_kernel)
+    costly_calls = record_loops(monkeypatch, costly_kernel)
+    for size in (compiler.PARALLEL_MIN_WORK // 2, compiler.PARALLEL_MIN_WORK + 3):
+        v = np.linspace(-5, 5, size).astype(np.float32)
+        np.testing.assert_allclose(cheap([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
+        np.testing.assert_allclose(costly([v])[0], np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
+    assert cheap_calls == ["kernel_ser", "kernel_par"]
+    assert costly_calls == ["kernel_par", "kernel_par"]
 
 
 def test_kernel_source_never_contains_user_strings():
@@ -385,18 +406,13 @@ def test_last_axis_slices_are_read_in_place_by_kernels():
 
 def test_a_narrow_window_of_a_wide_array_runs_the_serial_loop(monkeypatch):
     """The loop is chosen by the elements the kernel computes (8 x 4), not by the size
-    of the array its window is read from (8 x 4000, above PARALLEL_MIN_SIZE)."""
-    x = K.placeholder((None, 4000))
+    of the array its window is read from (8 x 80000, above PARALLEL_MIN_WORK)."""
+    x = K.placeholder((None, 80000))
     fn = K.function([x], [ops.apply("tanh", x[:, 0:4]) * 2.0])
     (kernel,) = fn.plan.kernels
-    calls = []
-    for variant in ("kernel_par", "kernel_ser"):
-        original = getattr(kernel, variant)
-        monkeypatch.setattr(kernel, variant,
-                            lambda *a, variant=variant, original=original: calls.append(variant)
-                            or original(*a))
-    xv = np.random.default_rng(4).standard_normal((8, 4000)).astype(np.float32)
-    assert xv.size >= compiler.PARALLEL_MIN_SIZE
+    calls = record_loops(monkeypatch, kernel)
+    xv = np.random.default_rng(4).standard_normal((8, 80000)).astype(np.float32)
+    assert xv.size >= compiler.PARALLEL_MIN_WORK
     np.testing.assert_allclose(fn([xv])[0], np.tanh(xv[:, 0:4]) * 2.0, rtol=1e-6)
     assert calls == ["kernel_ser"]
 

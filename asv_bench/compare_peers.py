@@ -117,19 +117,9 @@ def jax_fns(w1, w2a, w2b, mlp):
 
 
 def onnx_fns(w1, w2a, w2b, mlp):
-    import onnx
-    import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
-
-    def session(nodes, inputs, outputs, inits=()):
-        graph = helper.make_graph(nodes, "g", inputs, outputs, [numpy_helper.from_array(v, n) for n, v in inits])
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-        model.ir_version = 8
-        onnx.checker.check_model(model)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = THREADS
-        opts.inter_op_num_threads = 1
-        return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    import onnxruntime  # noqa: F401 - fail here, before the models are built, when missing
+    from onnx import TensorProto, helper
+    session = _onnx_session
 
     def vi(name, shape):
         return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)

@@ -4,3 +4,13 @@ This package knows nothing of numbackend's graph: every function takes and
 returns NumPy arrays (or fills output arrays passed in).  Kernels are compiled
 with ``cache=True`` so a second process loads them from disk.
 """
+
+import llvmlite.binding as _llvm
+
+# LLVM's loop vectoriser gives up on a loop that needs more than 128 run-time
+# checks that its arrays do not overlap.  Numba cannot tell LLVM that a
+# kernel's freshly allocated outputs overlap nothing, so a fused kernel with
+# many outputs needs more (an LSTM backward step: 11 outputs, 12 inputs) and
+# ran 4x slower as scalar code.  The option is process-wide; all it does is
+# let more loops vectorise.
+_llvm.set_option("", "-vectorize-memory-check-threshold=1024")

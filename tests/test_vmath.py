@@ -481,3 +481,26 @@ def test_print_w1_timing():
         f"\nW1 4M float32, {numba.get_num_threads()} threads "
         f"({numba.threading_layer()}): " + ", ".join(f"{k} {v:.2f} ms" for k, v in timings.items())
     )
+
+
+def test_loops_with_many_outputs_vectorise():
+    """Importing jit_kernels lets LLVM add the run-time overlap checks that a loop
+    writing 11 fresh arrays from 12 needs (a fused LSTM backward step)."""
+    import jit_kernels  # noqa: F401 - sets the LLVM option
+    inputs = [f"a{i}" for i in range(12)]
+    source = "def loop(" + ", ".join(inputs) + "):\n"
+    source += "".join(f"    o{k} = np.empty_like(a0)\n" for k in range(11))
+    source += "    for i in range(a0.size):\n        s = a0[i]\n"
+    source += "".join(f"        s = s * np.float32(0.5) + a{i}[i]\n" for i in range(1, 12))
+    source += "".join(f"        o{k}[i] = s + np.float32({k})\n" for k in range(11))
+    source += "    return (" + ", ".join(f"o{k}" for k in range(11)) + ",)\n"
+    namespace = {"np": np}
+    exec(source, namespace)  # noqa: S102 - our own source
+    loop = numba.njit(error_model="numpy")(namespace["loop"])
+    arrays = [np.full(64, i, np.float32) for i in range(12)]
+    outputs = loop(*arrays)
+    expected = np.float32(0)
+    for i in range(12):
+        expected = expected * np.float32(0.5) + np.float32(i)
+    np.testing.assert_allclose(outputs[10], expected + 10)
+    assert "vector.body" in loop.inspect_llvm(loop.signatures[0])

@@ -1,5 +1,4 @@
 """W1-W3 of WORKLOADS.md: warm calls, NumPy in the same run, compile and load times."""
-import os
 
 import numpy as np
 
@@ -7,6 +6,7 @@ import numbackend as K
 
 from .common import (
     F32,
+    cold_cache_run,
     mlp_function,
     mlp_numpy,
     mlp_weights,
@@ -16,6 +16,7 @@ from .common import (
     w1_function,
     w1_inputs,
     w1_numpy,
+    warm_cache_run,
 )
 
 
@@ -111,16 +112,7 @@ class W3Mlp:
     track_speedup_vs_numpy.unit = "x"
 
 
-# Fresh processes do not see asv's import path for the suite: _BUILD puts the suite's
-# folder on sys.path itself.  One line without backslashes: asv pastes the setup into
-# a triple-quoted string, where the escapes of a repr'd multi-line string turn back
-# into raw newlines.
-_SUITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ENV_COLD = ("import os, tempfile; "
-             "os.environ['NUMBACKEND_CACHE_DIR'] = tempfile.mkdtemp(prefix='numbackend-asv-')")
-_ENV_WARM = ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = "
-             "os.path.join(tempfile.gettempdir(), 'numbackend-asv-warm')")
-_BUILD = (f"import sys; sys.path.insert(0, {_SUITE!r}); import numpy as np; import numbackend as K; "
+_BUILD = ("import numpy as np; import numbackend as K; "
           "from benchmarks.common import mlp_function, mlp_weights, w1_function; "
           "w1_function(K)([np.ones((2, 4096), np.float32)] * 3); "
           "mlp_function(K, mlp_weights())([np.ones((2, 784), np.float32)])")
@@ -130,13 +122,10 @@ class CompileAndLoad:
     """Building and first-calling the W1 and W3 functions in a fresh process."""
 
     def timeraw_compile_cold_cache(self):
-        return f"{_ENV_COLD}; {_BUILD}"
+        return cold_cache_run(_BUILD)
 
     def timeraw_load_warm_cache(self):
-        code = f"{_ENV_WARM}; {_BUILD}"
-        # The setup fills the cache from another process, so the timed one only loads.
-        setup = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
-        return code, setup
+        return warm_cache_run(_BUILD)
 
     def timeraw_import(self):
         return "import numbackend"

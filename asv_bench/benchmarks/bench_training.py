@@ -3,13 +3,12 @@ batch 128, mean softmax cross-entropy against one-hot targets, plain SGD (lr 0.0
 the warm step, the same step in NumPy (hand-written backward pass) in the same run,
 and building plus first-calling the step in a fresh process (cold and warm cache).
 """
-import os
 
 import numpy as np
 
 import numbackend as K
 
-from .common import F32, mlp_weights, ratio, rng
+from .common import F32, cold_cache_run, mlp_weights, ratio, rng, warm_cache_run
 
 LEARNING_RATE = 0.01
 
@@ -83,16 +82,7 @@ class W7TrainingStep:
     track_speedup_vs_numpy.unit = "x"
 
 
-# The timed code runs in a fresh interpreter where asv's benchmark importer is not
-# installed: it puts the suite's folder on sys.path itself.  One line without
-# backslashes: asv pastes the setup into a triple-quoted string, where the escapes of a
-# repr'd multi-line string would turn back into raw newlines.
-_SUITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_ENV_COLD = ("import os, tempfile; "
-             "os.environ['NUMBACKEND_CACHE_DIR'] = tempfile.mkdtemp(prefix='numbackend-asv-')")
-_ENV_WARM = ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = "
-             "os.path.join(tempfile.gettempdir(), 'numbackend-asv-warm')")
-_BUILD = (f"import sys; sys.path.insert(0, {_SUITE!r}); import numbackend as K; "
+_BUILD = ("import numbackend as K; "
           "from benchmarks.bench_training import w7_batch, w7_step; "
           "from benchmarks.common import mlp_weights; x, y = w7_batch(); "
           "w7_step(K, mlp_weights())([x, y])")
@@ -103,10 +93,7 @@ class W7CompileAndLoad:
     fresh process: with an empty kernel cache, and with one filled by another process."""
 
     def timeraw_compile_cold_cache(self):
-        return f"{_ENV_COLD}; {_BUILD}"
+        return cold_cache_run(_BUILD)
 
     def timeraw_load_warm_cache(self):
-        code = f"{_ENV_WARM}; {_BUILD}"
-        # The setup fills the cache from another process, so the timed one only loads.
-        setup = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
-        return code, setup
+        return warm_cache_run(_BUILD)

@@ -1,5 +1,6 @@
 """Workload builders shared by the suites (data: seeded normal inputs, float32)."""
 import itertools
+import os
 import time
 
 import numpy as np
@@ -18,6 +19,31 @@ def median_time(fn, repeat):
         fn()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
+
+
+# Code for asv's timeraw benchmarks, which run in a fresh interpreter where asv's
+# benchmark importer is not installed: the code puts the suite's folder on sys.path
+# itself.  One line without backslashes: asv pastes the setup into a triple-quoted
+# string, where the escapes of a repr'd multi-line string would turn back into raw
+# newlines.
+_SUITE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ENV_COLD = ("import os, tempfile; "
+             "os.environ['NUMBACKEND_CACHE_DIR'] = tempfile.mkdtemp(prefix='numbackend-asv-')")
+_ENV_WARM = ("import os, tempfile; os.environ['NUMBACKEND_CACHE_DIR'] = "
+             "os.path.join(tempfile.gettempdir(), 'numbackend-asv-warm')")
+
+
+def cold_cache_run(build):
+    """timeraw code running ``build`` (one line) with an empty kernel cache."""
+    return f"{_ENV_COLD}; import sys; sys.path.insert(0, {_SUITE!r}); {build}"
+
+
+def warm_cache_run(build):
+    """timeraw (code, setup) running ``build`` with a kernel cache that the setup has
+    filled from another process, so the timed one only loads."""
+    code = f"{_ENV_WARM}; import sys; sys.path.insert(0, {_SUITE!r}); {build}"
+    setup = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {code!r}], check=True)"
+    return code, setup
 
 
 def ratio(reference, ours, repeat):

@@ -13,6 +13,7 @@ from scipy.special import logsumexp as scipy_logsumexp
 
 import numbackend as K
 from numbackend import ops
+from tests.finite_differences import numeric_gradient
 
 RNG = np.random.default_rng(1234)
 
@@ -634,16 +635,6 @@ def test_spatial_3d_padding(kwargs, pads):
 # Gradients of the composite functions, against finite differences of NumPy formulas
 
 
-def _numeric_gradient(loss, x, step=1e-6):
-    grad = np.zeros_like(x)
-    for i in np.ndindex(x.shape):
-        up, down = x.copy(), x.copy()
-        up[i] += step
-        down[i] -= step
-        grad[i] = (loss(up) - loss(down)) / (2 * step)
-    return grad
-
-
 def _pad_2d(x):
     return np.pad(x.reshape(-1, 2, 3, 1), [(0, 0), (1, 1), (1, 1), (0, 0)])
 
@@ -673,7 +664,7 @@ def test_gradient(name):
     x = RNG.uniform(-1, 1, size=(3, 6))
     xp = K.placeholder((None, 6), dtype="float64")
     (grad,) = K.function([xp], K.gradients(K.sum(K.square(fn(xp))), [xp]))([x])
-    expected = _numeric_gradient(lambda v: np.sum(np.square(reference(v))), x)
+    expected = numeric_gradient(lambda v: np.sum(np.square(reference(v))), x)
     np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-8)
 
 

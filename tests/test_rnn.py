@@ -5,6 +5,7 @@ import pytest
 
 import numbackend as K
 from numbackend.graph import toposort
+from tests.finite_differences import numeric_gradient
 
 RNG = np.random.default_rng(7)
 B, T, I, U = 3, 5, 4, 6
@@ -122,16 +123,6 @@ def test_the_input_projection_is_hoisted_out_of_the_loop():
     assert any(n.shape == (T, None, U) for n in outer_dots)
 
 
-def finite_difference(f, value, eps=1e-6):
-    grad = np.zeros_like(value)
-    for idx in np.ndindex(value.shape):
-        up, down = value.copy(), value.copy()
-        up[idx] += eps
-        down[idx] -= eps
-        grad[idx] = (f(up) - f(down)) / (2 * eps)
-    return grad
-
-
 @pytest.mark.parametrize("options", [{}, {"go_backwards": True}, {"masked": True}])
 def test_rnn_gradients_match_finite_differences(options):
     masked = options.pop("masked", False)
@@ -157,7 +148,7 @@ def test_rnn_gradients_match_finite_differences(options):
             args = list(values)
             args[k] = v
             return numpy_loss(*args)
-        np.testing.assert_allclose(got[k], finite_difference(f, value), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got[k], numeric_gradient(f, value), rtol=1e-5, atol=1e-7)
 
 
 def test_gradient_of_an_invariant_computed_from_another():
@@ -182,7 +173,7 @@ def test_gradient_of_an_invariant_computed_from_another():
             h = np.tanh(xv[:, t] @ w_v + h @ u_ + h @ (2 * u_))
         return h.sum()
 
-    np.testing.assert_allclose(g, finite_difference(f, u_v), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(g, numeric_gradient(f, u_v), rtol=1e-5, atol=1e-7)
 
 
 def test_rnn_trains_a_float32_model():
@@ -250,7 +241,7 @@ def test_foldl_gradient_matches_finite_differences():
     x = K.placeholder((5,), dtype="float64")
     prod = K.foldl(lambda acc, v: acc * K.sin(v), x, initializer=K.constant(1.0, "float64"))
     (g,) = K.function([x], K.gradients(prod, [x]))([xv := RNG.standard_normal(5)])
-    np.testing.assert_allclose(g, finite_difference(lambda v: np.prod(np.sin(v)), xv), rtol=1e-6)
+    np.testing.assert_allclose(g, numeric_gradient(lambda v: np.prod(np.sin(v)), xv), rtol=1e-6)
 
 
 def test_map_fn_matches_a_loop_and_takes_a_dtype():
@@ -273,7 +264,7 @@ def test_map_fn_gradient():
     def f(v):
         return sum(((np.exp(r).sum() * r) ** 2).sum() for r in v)
 
-    np.testing.assert_allclose(g, finite_difference(f, xv), rtol=1e-6)
+    np.testing.assert_allclose(g, numeric_gradient(f, xv), rtol=1e-6)
 
 
 def test_map_fn_rejects_outputs_that_change_shape():
@@ -341,4 +332,4 @@ def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
             args = [kernel, recurrent, bias]
             args[k] = v
             return (numpy_lstm(*args) ** 2).sum()
-        np.testing.assert_allclose(got[k], finite_difference(loss, value), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got[k], numeric_gradient(loss, value), rtol=1e-5, atol=1e-7)

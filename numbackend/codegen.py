@@ -131,8 +131,7 @@ def _node_expr(spec, j, operand_exprs):
 def work_per_element(spec):
     """The kernel's work per element in units of a cheap element-wise operation
     (about 0.2 ns); a vmath function (exp, tanh...) counts three."""
-    calls = sum("vm." in _node_expr(spec, j, ["v"] * len(node[2])) for j, node in enumerate(spec.nodes)
-                if _ops.OPS[node[0]].kind != "reduce")
+    calls = sum("vm." in (_ops.OPS[node[0]].template or "") for node in spec.nodes)
     return 1 + 3 * calls
 
 

@@ -14,3 +14,9 @@ import llvmlite.binding as _llvm
 # ran 4x slower as scalar code.  The option is process-wide; all it does is
 # let more loops vectorise.
 _llvm.set_option("", "-vectorize-memory-check-threshold=1024")
+
+# Interleave every vectorised loop four times (four independent vector chains
+# per iteration).  LLVM's cost model leaves a long loop body such as an inlined
+# exp or tanh at one chain, whose latency then bounds the loop: softmax
+# 4096x1000 went from 3.4 to 2.5 ms, W1 from 3.3 to 2.9 ms.
+_llvm.set_option("", "-force-vector-interleave=4")

@@ -27,7 +27,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 4
+CODEGEN_VERSION = 5
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64

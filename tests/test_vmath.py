@@ -504,3 +504,22 @@ def test_loops_with_many_outputs_vectorise():
         expected = expected * np.float32(0.5) + np.float32(i)
     np.testing.assert_allclose(outputs[10], expected + 10)
     assert "vector.body" in loop.inspect_llvm(loop.signatures[0])
+
+
+def test_vectorised_loops_are_interleaved():
+    """Importing jit_kernels makes LLVM run four independent vector chains per loop
+    iteration: a loop of one exp each was bound by the latency of a single chain."""
+    import jit_kernels  # noqa: F401 - sets the LLVM option
+
+    @numba.njit(error_model="numpy")
+    def exp_loop(x, out):
+        for i in range(x.size):
+            out[i] = vmath.exp_f32(x[i])
+
+    x = np.linspace(-5, 5, 100, dtype=np.float32)
+    out = np.empty_like(x)
+    exp_loop(x, out)
+    np.testing.assert_allclose(out, np.exp(x.astype(np.float64)), rtol=2e-7)
+    assembly = exp_loop.inspect_asm(exp_loop.signatures[0])
+    # exp clamps its argument first, one packed vminps per vector chain
+    assert len(re.findall(r"\bvminps\s+[^\n]*[xyz]mm", assembly)) >= 4

@@ -61,17 +61,18 @@ def cache_dir():
 
 
 def _dependency_stamp():
-    """A hash of the jit_kernels sources that generated kernels call.
+    """A hash of the jit_kernels sources that generated kernels depend on.
 
     Numba's cache checks only a function's own file: a kernel compiled against
-    an older vmath.py or reduce.py would be loaded as it was.  Keying the cache
+    an older vmath.py or reduce.py, or with other LLVM options (set in
+    jit_kernels/__init__.py), would be loaded as it was.  Keying the cache
     folder by these sources makes a change to them recompile every kernel."""
     global _stamp
     if _stamp is None:
         spec = importlib.util.find_spec("jit_kernels")
         folder = next(iter(spec.submodule_search_locations))
         digest = hashlib.sha256()
-        for name in ("vmath.py", "reduce.py"):
+        for name in ("__init__.py", "vmath.py", "reduce.py"):
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(f.read())
         _stamp = digest.hexdigest()[:12]

@@ -20,3 +20,32 @@ _llvm.set_option("", "-vectorize-memory-check-threshold=1024")
 # exp or tanh at one chain, whose latency then bounds the loop: softmax
 # 4096x1000 went from 3.4 to 2.5 ms, W1 from 3.3 to 2.9 ms.
 _llvm.set_option("", "-force-vector-interleave=4")
+
+
+def _load_numba_array_math_without_scipy():
+    """Import Numba's array-math lowering without its SciPy BLAS probe.
+
+    numba.np.arraymath imports scipy.linalg when it loads (about 0.2 s, part of
+    every process's first compile or cache load where SciPy is installed, as it
+    is with Keras) only to decide whether np.correlate/np.convolve may call
+    BLAS.  No kernel here uses Numba's BLAS: matrix products run through
+    NumPy.  The probe answers "no BLAS" while the module loads and is restored
+    right after, so np.dot in other njit code still finds SciPy's BLAS.
+    """
+    import sys
+    if "numba.np.arraymath" in sys.modules:
+        return
+    from numba.np import linalg
+
+    def no_blas():
+        raise ImportError("numbackend: skipped the SciPy BLAS probe")
+
+    probe = linalg.ensure_blas
+    linalg.ensure_blas = no_blas
+    try:
+        import numba.np.arraymath  # noqa: F401
+    finally:
+        linalg.ensure_blas = probe
+
+
+_load_numba_array_math_without_scipy()

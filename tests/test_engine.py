@@ -160,6 +160,26 @@ def test_second_process_compiles_nothing(tmp_path):
     assert second == ["0", "0"]
 
 
+def test_kernels_load_without_importing_scipy_linalg():
+    # Numba's array-math module imports scipy.linalg (about 0.2 s of every start)
+    # only to probe for BLAS; jit_kernels skips the probe and restores it after.
+    pytest.importorskip("scipy.linalg")
+    script = textwrap.dedent("""
+        import sys
+        import numba
+        import numpy as np
+        from jit_kernels import reduce
+        assert reduce.row_sum(np.arange(5.0), 5) == 10.0
+        print("scipy.linalg" in sys.modules)
+        product = numba.njit(lambda a, b: np.dot(a, b))  # other njit code keeps its BLAS
+        a = np.arange(6.0).reshape(2, 3)
+        print(np.array_equal(product(a, a.T), a @ a.T))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
 def test_cache_dir_falls_back_when_unwritable(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -125,6 +125,10 @@ def rewrite(targets):
             replaced[node.id] = node
             continue
         inputs = [replaced[i.id] for i in node.inputs]
+        if node.op == "stop_gradient":
+            # only K.gradients reads it; a plan step here would split a fused kernel
+            replaced[node.id] = inputs[0]
+            continue
         op = OPS[node.op]
         if (not op.stateful and not op.multi_output and node.op != "print_tensor" and inputs
                 and all(i.op == "constant" for i in inputs)):

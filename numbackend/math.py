@@ -54,6 +54,15 @@ def log(x):
     logits, axis = marked
     if logits.dtype != x.dtype:
         logits = apply("cast", logits, dtype=x.dtype)
+    return log_softmax(logits, axis)
+
+
+def log_softmax(logits, axis):
+    """``log(softmax(logits))`` along ``axis``, as ``z - log(sum(exp(z)))`` with
+    ``z = logits - max(logits)``: finite where the softmax underflows to 0.
+
+    The result does not depend on the shift, so no gradient flows through the
+    max (it would be exactly zero, at the cost of routing it to the argmax)."""
     peak = apply("stop_gradient", apply("max", logits, axis=axis, keepdims=True))
     shifted = apply("subtract", logits, peak)
     total = apply("sum", apply("exp", shifted), axis=axis, keepdims=True)

@@ -21,6 +21,7 @@ import numpy as np
 from . import config, core
 from . import random as _random
 from .graph import is_tensor
+from .math import log_softmax
 from .ops import apply, as_tensor, normalize_axes, normalize_axis
 
 # ---------------------------------------------------------------------------
@@ -71,7 +72,9 @@ def softmax(x, axis=-1):
     """Softmax of a tensor along ``axis`` (default: the last axis)."""
     x = as_tensor(x)
     axis = normalize_axis("softmax", axis, x.ndim)
-    e = apply("exp", apply("subtract", x, apply("max", x, axis=axis, keepdims=True)))
+    # the max only shifts: no gradient flows through it (it would be exactly zero)
+    peak = apply("stop_gradient", apply("max", x, axis=axis, keepdims=True))
+    e = apply("exp", apply("subtract", x, peak))
     out = apply("divide", e, apply("sum", e, axis=axis, keepdims=True))
     out._softmax_of = (x, axis)  # lets the cross-entropies work from the logits
     return out
@@ -129,12 +132,6 @@ def _softmax_logits(output, axis):
     return logits if logits.dtype == output.dtype else apply("cast", logits, dtype=output.dtype)
 
 
-def _log_softmax(logits, axis):
-    shifted = apply("subtract", logits, apply("max", logits, axis=axis, keepdims=True))
-    log_sum = apply("log", apply("sum", apply("exp", shifted), axis=axis, keepdims=True))
-    return apply("subtract", shifted, log_sum)
-
-
 def _check_channels_axis(axis, output):
     if axis != -1 and axis not in range(output.ndim):
         raise ValueError(f"Unexpected channels axis {axis}. Expected to be -1 or one of the axes "
@@ -166,7 +163,7 @@ def categorical_crossentropy(target, output, from_logits=False, axis=-1):
     target = _same_dtype(target, output)
     logits = output if from_logits else _softmax_logits(output, axis)
     if logits is not None:
-        log_p = _log_softmax(logits, axis)
+        log_p = log_softmax(logits, axis)
     else:
         p = apply("divide", output, apply("sum", output, axis=axis, keepdims=True))
         eps = config.epsilon()
@@ -199,7 +196,7 @@ def sparse_categorical_crossentropy(target, output, from_logits=False, axis=-1):
     if axis != output.ndim - 1:
         perm = tuple(a for a in range(output.ndim) if a != axis) + (axis,)
         logits = apply("transpose", logits, axes=perm)
-    log_p = _log_softmax(logits, -1)
+    log_p = log_softmax(logits, -1)
     labels = _class_indices(as_tensor(target), logits)
     classes = _class_range(log_p)
     one_hot = apply("equal", apply("getitem", labels, key=(Ellipsis, None)), classes)

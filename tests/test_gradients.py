@@ -520,6 +520,36 @@ def test_stop_gradient_blocks():
     np.testing.assert_allclose(got_vector, np.exp(x) * c, rtol=1e-12)
 
 
+def test_stop_gradient_costs_nothing_in_a_compiled_function():
+    # it marks the graph for K.gradients only: an element-wise chain through it is
+    # still one kernel, and the value is its input's
+    x = uniform((3, 6))
+    xt = K.placeholder((None, 6), dtype="float64")
+    fn = K.function([xt], [K.exp(K.stop_gradient(xt * 2.0)) + 1.0])
+    assert [s.kind for s in fn.plan.steps] == ["kernel"]
+    np.testing.assert_allclose(fn([x])[0], np.exp(x * 2.0) + 1.0, rtol=1e-14)
+
+
+@pytest.mark.parametrize("loss", ["softmax", "cross_entropy"])
+def test_softmax_gradient_does_not_route_through_the_max(loss):
+    # softmax and log-softmax subtract the row max only to stay finite; the result does
+    # not depend on it, so its gradient is zero and is not computed (it used to be, as
+    # an argmax mask per row)
+    z = uniform((4, 5))
+    zt = K.variable(z, dtype="float64")
+    p = K.softmax(zt)
+    objective = (K.sum(p * K.constant(np.arange(5.0))) if loss == "softmax"
+                 else K.sum(K.categorical_crossentropy(K.constant(np.eye(5)[[0, 2, 4, 1]]), p)))
+    fn = K.function([], K.gradients(objective, [zt]))
+    assert "equal" not in fn.explain()
+    p_np = np_softmax(z)
+    if loss == "softmax":
+        expected = p_np * (np.arange(5.0) - (p_np * np.arange(5.0)).sum(-1, keepdims=True))
+    else:
+        expected = p_np - np.eye(5)[[0, 2, 4, 1]]
+    np.testing.assert_allclose(fn([])[0], expected, rtol=1e-12)
+
+
 def test_non_differentiable_ops_contribute_zero():
     """argmax, comparisons, round, sign and casts to int: a variable reached only through
     them gets None (or zeros); beside a differentiable path they add nothing to it."""

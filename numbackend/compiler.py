@@ -35,6 +35,11 @@ from .ops import OPS, last_axis_window
 PARALLEL_MIN_WORK = 500_000
 # Groups whose domain is known to be this small are evaluated with NumPy: no compile.
 NUMPY_MAX_SIZE = 16
+# Groups of one value per sample (domain (None,), (None, 1)...: a loss's per-sample
+# tail, row statistics after a reduction) run with NumPy up to this many samples and
+# compile their kernel only when called with more: a compile costs about 0.3 s, and
+# the W7 training step had four such kernels for batches of 128.
+NUMPY_MAX_SAMPLES = 4096
 LEAVES = ("placeholder", "variable", "constant")
 _VIEW_OPS = ("reshape", "reshape_like", "stop_gradient", "print_tensor", "reshape_dynamic")
 
@@ -205,6 +210,10 @@ class Group:
         if any(d is None for d in self.domain):
             return None
         return int(np.prod(self.domain, dtype=np.int64))
+
+    def per_sample(self):
+        """Is the domain one unknown (batch) dimension, every other dimension 1?"""
+        return self.domain.count(None) == 1 and all(d in (None, 1) for d in self.domain)
 
 
 def _trailing_axes(axes, ndim):
@@ -548,15 +557,23 @@ class Plan:
             else:
                 call_args.append(name)
         arglist = ", ".join(call_args)
-        lines.append("try:")
+        size_expr = _size_expr(kernel_args, patterns, windows)
         weight = codegen.work_per_element(spec)
-        lines.append(f"    if {_size_expr(kernel_args, patterns, windows)} * {weight} >= _PAR:")
-        lines.append(f"        {targets} = {kname}.kernel_par({arglist})")
-        lines.append("    else:")
-        lines.append(f"        {targets} = {kname}.kernel_ser({arglist})")
-        lines.append("except ValueError:  # run-time shapes broadcast unlike the static ones")
-        lines.append(f"    {targets} = {fallback}({', '.join(in_names)})")
-        self.steps.append(Step("kernel", f"fused[{module.KEY[:8]}]", list(g.members),
+        block = ["try:",
+                 f"    if {size_expr} * {weight} >= _PAR:",
+                 f"        {targets} = {kname}.kernel_par({arglist})",
+                 "    else:",
+                 f"        {targets} = {kname}.kernel_ser({arglist})",
+                 "except ValueError:  # run-time shapes broadcast unlike the static ones",
+                 f"    {targets} = {fallback}({', '.join(in_names)})"]
+        kind = "kernel"
+        if g.per_sample():
+            kind = "numpy|kernel"
+            block = [f"if {size_expr} <= {NUMPY_MAX_SAMPLES}:",
+                     f"    {targets} = {fallback}({', '.join(in_names)})",
+                     "else:"] + ["    " + line for line in block]
+        lines.extend(block)
+        self.steps.append(Step(kind, f"fused[{module.KEY[:8]}]", list(g.members),
                                list(g.outputs), module))
 
     def explain(self):

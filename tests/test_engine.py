@@ -115,6 +115,23 @@ def test_the_loop_is_chosen_by_the_work(monkeypatch):
     assert costly_calls == ["kernel_par", "kernel_par"]
 
 
+@pytest.mark.parametrize("shape", [(None,), (None, 1)])
+def test_one_value_per_sample_runs_numpy_for_small_batches(monkeypatch, shape):
+    """A group of one value per sample (a loss's tail) is computed with NumPy up to
+    NUMPY_MAX_SAMPLES samples, so small batches compile nothing; larger ones use the
+    kernel."""
+    a = K.placeholder(shape, dtype="float64")
+    f = K.function([a], [ops.apply("log", a * a + 1.0) - 0.5 * a])
+    (kernel,) = f.plan.kernels
+    assert "numpy|kernel" in f.explain()
+    calls = record_loops(monkeypatch, kernel)
+    for size in (3, compiler.NUMPY_MAX_SAMPLES, compiler.NUMPY_MAX_SAMPLES + 1):
+        v = np.linspace(-5, 5, size).reshape((size,) + shape[1:])
+        np.testing.assert_allclose(f([v])[0], np.log(v * v + 1.0) - 0.5 * v, rtol=1e-12,
+                                   atol=1e-14)
+    assert calls == ["kernel_ser"]
+
+
 def test_kernel_source_never_contains_user_strings():
     name = "x); import os #"
     a = K.placeholder((None, 3), name=name)

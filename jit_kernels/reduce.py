@@ -63,10 +63,9 @@ def _select_intrinsic(kind):
     return intrinsic(typer)
 
 
-_maximum = _select_intrinsic("max")
-_minimum = _select_intrinsic("min")
-# for kernels that fold a row's max or min into a loop of their own
-maximum, minimum = _maximum, _minimum
+# also called by kernels that fold a row's max or min into a loop of their own
+maximum = _select_intrinsic("max")
+minimum = _select_intrinsic("min")
 
 
 @_exact
@@ -76,7 +75,7 @@ def row_max(x, n):
         return x.dtype.type(-np.inf)
     m = x[0]
     for i in range(1, n):
-        m = _maximum(m, x[i])
+        m = maximum(m, x[i])
     return m
 
 
@@ -87,7 +86,7 @@ def row_min(x, n):
         return x.dtype.type(np.inf)
     m = x[0]
     for i in range(1, n):
-        m = _minimum(m, x[i])
+        m = minimum(m, x[i])
     return m
 
 

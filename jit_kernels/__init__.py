@@ -2,10 +2,12 @@
 
 This package knows nothing of numbackend's graph: every function takes and
 returns NumPy arrays (or fills output arrays passed in).  Kernels are compiled
-with ``cache=True`` so a second process loads them from disk.
+with :func:`njit_cached`, so a second process loads them from disk.
 """
 
 import llvmlite.binding as _llvm
+import numba as _numba
+from numba.core.caching import FunctionCache as _FunctionCache
 
 # LLVM's loop vectoriser gives up on a loop that needs more than 128 run-time
 # checks that its arrays do not overlap.  Numba cannot tell LLVM that a
@@ -25,9 +27,9 @@ _llvm.set_option("", "-force-vector-interleave=4")
 def _load_numba_array_math_without_scipy():
     """Import Numba's array-math lowering without its SciPy BLAS probe.
 
-    numba.np.arraymath imports scipy.linalg when it loads (about 0.2 s, part of
-    every process's first compile or cache load where SciPy is installed, as it
-    is with Keras) only to decide whether np.correlate/np.convolve may call
+    numba.np.arraymath imports scipy.linalg when it loads (about 0.2 s of a
+    process's first compile where SciPy is installed, as it is with Keras)
+    only to decide whether np.correlate/np.convolve may call
     BLAS.  No kernel here uses Numba's BLAS: matrix products run through
     NumPy.  The probe answers "no BLAS" while the module loads and is restored
     right after, so np.dot in other njit code still finds SciPy's BLAS.
@@ -50,4 +52,39 @@ def _load_numba_array_math_without_scipy():
         linalg.ensure_blas = probe
 
 
-_load_numba_array_math_without_scipy()
+
+
+class _LoadWithoutRegistries(_FunctionCache):
+    """Numba's per-function disk cache, minus the registry refresh on a load.
+
+    Before each load Numba refreshes its target context: on the first load of a
+    process that imports and installs every typing and lowering registry (about
+    0.1 s, a fifth of a new process's first warm-cache call), though loaded
+    machine code needs none of them, only the runtime's symbols, which
+    ``rtsys.initialize`` provides.  A miss is followed by a compile, whose
+    pipeline refreshes the context itself.
+    """
+
+    def load_overload(self, sig, target_context):
+        from numba.core.runtime import rtsys
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            loaded = self._load_overload(sig, target_context)
+        if loaded is None:  # a compile follows: load array math as it should be loaded
+            _load_numba_array_math_without_scipy()
+        return loaded
+
+
+def njit_cached(**options):
+    """``numba.njit(cache=True, **options)``, loading from the cache as cheaply as it can.
+
+    Every cached kernel of jit_kernels and numbackend is declared with this, so
+    no cache load of theirs refreshes Numba's registries (see
+    :class:`_LoadWithoutRegistries`); Numba functions of other code are untouched.
+    """
+    def decorate(function):
+        dispatcher = _numba.njit(cache=True, **options)(function)
+        if type(dispatcher._cache) is _FunctionCache:  # another Numba layout: keep its own
+            dispatcher._cache.__class__ = _LoadWithoutRegistries
+        return dispatcher
+    return decorate

@@ -27,7 +27,9 @@ import numba
 import numpy as np
 from numba import prange
 
-_JIT = {'cache': True, 'error_model': 'numpy', 'nogil': True}
+from . import njit_cached
+
+_JIT = {'error_model': 'numpy', 'nogil': True}
 
 # im2col works on batch chunks whose column buffer stays about this size: it bounds the extra memory a large batch needs, and measured 3-8 MB
 # chunks are as fast as one batch-sized buffer or slightly faster; smaller
@@ -181,7 +183,7 @@ def _check_out(g, dy_shape, what):
 # ---------------------------------------------------------------------------
 # Numba kernels.  All take 5-D arrays and 3-tuples of sizes.
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
     """Inverse of im2col: images first, ... of ``dx`` get the sum of every
     column entry (see :func:`_patches`) that was copied from them.
@@ -223,7 +225,7 @@ def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
                                     target[ch] += source[col + ch]
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _depthwise_forward(x, w, y, stride, dilation, pad):
     """y[..., c*M + m] = sum over taps of x[..., c] * w[tap, c, m]; w is (KD, KH, KW, C, M)."""
     _, size_d, size_h, size_w, channels = x.shape
@@ -255,7 +257,7 @@ def _depthwise_forward(x, w, y, stride, dilation, pad):
                                 target[ch * mult + m] += source[ch] * taps[ch, m]
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _depthwise_backward_input(dy, w, dx, stride, dilation, pad):
     """dx of :func:`_depthwise_forward`, as a gather over input positions."""
     _, size_d, size_h, size_w, channels = dx.shape
@@ -287,7 +289,7 @@ def _depthwise_backward_input(dy, w, dx, stride, dilation, pad):
                                 target[ch] += grad[ch * mult + m] * taps[ch, m]
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _depthwise_backward_kernel(x, dy, dw, stride, dilation, pad):
     """dw of :func:`_depthwise_forward`; parallel over taps, which own their slice of dw."""
     _, size_d, size_h, size_w, channels = x.shape

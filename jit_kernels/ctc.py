@@ -33,6 +33,8 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
+from . import njit_cached
+
 _NEG_INF = -np.inf
 
 
@@ -384,7 +386,7 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     return -log_prob
 
 
-@numba.njit(parallel=True, cache=True, error_model="numpy")
+@njit_cached(parallel=True, error_model="numpy")
 def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                      compute_grad, loss, grad):
     """loss[r] (and grad[r] when compute_grad) for each label row r.
@@ -467,7 +469,7 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
 # Greedy (best path) decoding
 
 
-@numba.njit(cache=True, error_model="numpy")
+@njit_cached(error_model="numpy")
 def _greedy_kernel(logits, input_lengths, merge_repeated, decoded, decoded_lengths, neg_sum):
     """Best path of each sample.  Serial: one pass of comparisons over the
     logits costs less than waking the threads of a parallel loop."""

@@ -13,21 +13,21 @@ then columns); windows that overlap add up.  A NaN in a window is not
 treated specially (it is skipped unless it comes first).
 """
 
-import numba
 import numpy as np
 from numba import prange
 
+from . import njit_cached
 from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch, _out_shape, geometry
 
 
-@numba.njit(**_JIT)
+@njit_cached(**_JIT)
 def _window(o, stride, pad, kernel, size):
     """First and one-past-last input index of window ``o``, clipped to the input."""
     start = o * stride - pad
     return max(start, 0), min(start + kernel, size)
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _max_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -49,7 +49,7 @@ def _max_pool(x, y, kernel, stride, pad):
                             target[ch] = max(target[ch], source[ch])
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     """Scatter dy to each window's first maximum; parallel over images,
     since windows of one image may overlap.  ``dx`` is (N, D*H*W*C).
@@ -88,7 +88,7 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
                         image[where[ch] + ch] += grad[ch]
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _avg_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -113,7 +113,7 @@ def _avg_pool(x, y, kernel, stride, pad):
                 target[ch] *= scale
 
 
-@numba.njit(parallel=True, **_JIT)
+@njit_cached(parallel=True, **_JIT)
 def _avg_pool_backward(dy, dx, kernel, stride, pad):
     """Scatter dy / window count to each window; parallel over images."""
     _, size_d, size_h, size_w, channels = dx.shape

@@ -8,15 +8,16 @@ a vectorised sum is deterministic for a given machine; it differs from a
 sequential sum by rounding only.  max/min need no such flag: they use LLVM's
 NaN-propagating maximum/minimum, which vectorise as they are.
 """
-import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-_exact = numba.njit(cache=True, error_model="numpy", nogil=True)
-_reordered = numba.njit(cache=True, error_model="numpy", nogil=True,
-                        fastmath={"reassoc", "nsz", "contract"})
+from . import njit_cached
+
+_exact = njit_cached(error_model="numpy", nogil=True)
+_reordered = njit_cached(error_model="numpy", nogil=True,
+                          fastmath={"reassoc", "nsz", "contract"})
 
 
 @_reordered

@@ -143,7 +143,8 @@ def generate_source(spec):
     n_in = len(spec.inputs)
     args = ", ".join(f"x{i}" for i in range(n_in))
     emit("import numpy as np")
-    emit("from numba import njit, prange")
+    emit("from numba import prange")
+    emit("from jit_kernels import njit_cached")
     body = _generate_body(spec)
     text = "\n".join(body)
     if "vm." in text:
@@ -156,9 +157,9 @@ def generate_source(spec):
     emit(f"MISMATCH = {_MISMATCH!r}")
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
-    flags = "error_model='numpy', fastmath={'contract'}, cache=True"
-    for variant, decorator, loop in (("par", f"njit(parallel=True, {flags})", "prange"),
-                                     ("ser", f"njit({flags})", "range")):
+    flags = "error_model='numpy', fastmath={'contract'}"
+    for variant, decorator, loop in (("par", f"njit_cached(parallel=True, {flags})", "prange"),
+                                     ("ser", f"njit_cached({flags})", "range")):
         emit("")
         emit(f"@{decorator}")
         emit(f"def kernel_{variant}({args}):")

@@ -1,34 +1,44 @@
 """jit_kernels.memory: large arrays allocated in kernels ask for huge pages."""
 import os
+import subprocess
 import sys
+import textwrap
 
-import numba
 import numpy as np
 import pytest
 
-from jit_kernels import memory
+# Run in a new process: in this one, memory that earlier tests had advised and
+# freed may come back to a small allocation, flags and all.
+_ADVICE_SCRIPT = textwrap.dedent("""
+    import numba
+    import numpy as np
+    from jit_kernels import memory
 
+    @numba.njit
+    def allocate(n):
+        out = np.empty(n, dtype=np.float32)
+        memory.prefer_huge_pages(out)
+        out[:] = 1.0
+        return out
 
-@numba.njit
-def _allocate(n):
-    out = np.empty(n, dtype=np.float32)
-    memory.prefer_huge_pages(out)
-    out[:] = 1.0
-    return out
+    def vm_flags(address):
+        flags, inside = None, False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()[0]
+                if "-" in head and not head.endswith(":"):
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = start <= address < end
+                elif inside and head == "VmFlags:":
+                    flags = line.split()[1:]
+        return flags
 
-
-def _vm_flags(address):
-    """The VmFlags of the mapping of this process holding ``address``."""
-    flags, inside = None, False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "VmFlags:":
-                flags = line.split()[1:]
-    return flags
+    large = allocate(memory.HUGE_PAGE_MIN_BYTES // 4 * 4)  # 16 MB
+    small = allocate(1024)
+    assert large[0] == large[-1] == 1.0
+    print("hg" in vm_flags(large.ctypes.data + large.nbytes // 2),
+          "hg" in vm_flags(small.ctypes.data))
+""")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's madvise")
@@ -39,12 +49,9 @@ def test_large_arrays_are_advised_huge_pages_small_ones_not():
     with open(thp) as f:
         if "[never]" in f.read():
             pytest.skip("transparent huge pages are off")
-    large = _allocate(memory.HUGE_PAGE_MIN_BYTES // 4 * 4)  # 16 MB
-    small = _allocate(1024)
-    np.testing.assert_array_equal(large[[0, -1]], [1.0, 1.0])
-    assert "hg" in _vm_flags(large.ctypes.data + large.nbytes // 2)
-    flags = _vm_flags(small.ctypes.data)
-    assert flags is not None and "hg" not in flags
+    out = subprocess.run([sys.executable, "-c", _ADVICE_SCRIPT], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["True", "False"]
 
 
 def test_generated_kernels_advise_their_outputs():

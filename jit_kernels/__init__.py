@@ -75,6 +75,10 @@ class _LoadWithoutRegistries(_FunctionCache):
         return loaded
 
 
+def _no_extensions_needed():
+    pass
+
+
 def njit_cached(**options):
     """``numba.njit(cache=True, **options)``, loading from the cache as cheaply as it can.
 
@@ -86,5 +90,9 @@ def njit_cached(**options):
         dispatcher = _numba.njit(cache=True, **options)(function)
         if type(dispatcher._cache) is _FunctionCache:  # another Numba layout: keep its own
             dispatcher._cache.__class__ = _LoadWithoutRegistries
+            # Nor does a load need third-party Numba extensions, which Numba looks
+            # up among all installed packages' entry points before a first call
+            # (about 25 ms); the registry refresh of a compile still loads them.
+            dispatcher._compilation_chain_init_hook = _no_extensions_needed
         return dispatcher
     return decorate

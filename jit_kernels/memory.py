@@ -13,12 +13,11 @@ it does nothing.
 import mmap
 import sys
 
+import numba
 import numpy as np
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
-
-from . import njit_cached
 
 # NumPy's threshold: below it the pages saved are not worth the system call.
 HUGE_PAGE_MIN_BYTES = 4 << 20
@@ -39,7 +38,7 @@ def _madvise(typingctx, address, length, advice):
 
 
 if _MADV_HUGEPAGE is not None:
-    @njit_cached(inline="always")
+    @numba.njit(inline="always")
     def prefer_huge_pages(a):
         """Advise 2 MB pages for the whole pages inside a large, still untouched array."""
         nbytes = a.size * a.itemsize
@@ -48,6 +47,6 @@ if _MADV_HUGEPAGE is not None:
             end = (a.ctypes.data + np.uintp(nbytes)) & ~np.uintp(_PAGE - 1)
             _madvise(start, end - start, np.int32(_MADV_HUGEPAGE))
 else:
-    @njit_cached(inline="always")
+    @numba.njit(inline="always")
     def prefer_huge_pages(a):
         """Nothing to advise on this system."""

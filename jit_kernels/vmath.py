@@ -11,7 +11,7 @@ instructions.
 
 Contract of every function here:
 
-* declared ``@njit_cached(inline="always", error_model="numpy")``.
+* declared ``@numba.njit(inline="always", error_model="numpy")``.
   ``inline="always"`` inlines at Numba IR level, so the loop vectoriser sees
   straight-line code; ``error_model="numpy"`` removes the division-by-zero
   check that would otherwise put a branch in the loop.  Call them from
@@ -63,13 +63,14 @@ generators: ``FUNCTIONS["tanh", "float32"]`` is ``tanh_f32``.
 
 import math
 
+import numba
 import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from . import njit_cached
-
-vectorisable = njit_cached(inline="always", error_model="numpy")
+# Not cached: the code lives in the callers' caches, and a cache of its own costs
+# a file-system check per function each time this module loads.
+vectorisable = numba.njit(inline="always", error_model="numpy")
 """Decorator for the scalar functions of this module (see the module docstring)."""
 
 

@@ -163,19 +163,35 @@ def _copy_node(node, inputs):
 
 def evaluate(node, arrays):
     """NumPy semantics of one node (the reference, folding and fallback path)."""
+    return node_function(node)(*arrays)
+
+
+def node_function(node):
+    """``f(*arrays)`` computing ``node`` with NumPy, its dtypes and attributes worked
+    out once: groups of a few values run this on every call, where working them
+    out again cost more than the arithmetic."""
     op = OPS[node.op]
-    if op.kind == "elementwise":
-        ct = op.compute_dtype(node.inputs, node.attrs)
-        arrays = [np.asarray(a).astype(ct, copy=False) for a in arrays]
-        with np.errstate(all="ignore"):
-            out = op.impl(*arrays, **node.attrs)
-    else:
-        out = op.impl(*arrays, **node.attrs)
-        if op.multi_output:
+    impl = functools.partial(op.impl, **node.attrs) if node.attrs else op.impl
+    if op.multi_output:
+        return impl
+    dtype = np.dtype(node.dtype)
+
+    def as_result(out):
+        # C-contiguous and of the node's dtype: generated kernels take no strided
+        # views (np.broadcast_to, for one, returns a stride-0 view)
+        if type(out) is np.ndarray and out.dtype == dtype and out.flags.c_contiguous:
             return out
-    # C-contiguous and of the node's dtype: generated kernels take no strided views
-    # (np.broadcast_to, for one, returns a stride-0 view)
-    return np.require(out, dtype=node.dtype, requirements="C")
+        return np.require(out, dtype=dtype, requirements="C")
+
+    if op.kind != "elementwise":
+        return lambda *arrays: as_result(impl(*arrays))
+    compute = np.dtype(op.compute_dtype(node.inputs, node.attrs))
+
+    def elementwise(*arrays):
+        arrays = [np.asarray(a).astype(compute, copy=False) for a in arrays]
+        with np.errstate(all="ignore"):
+            return as_result(impl(*arrays))
+    return elementwise
 
 
 def library_call(node):
@@ -614,10 +630,12 @@ def _windows(order, targets, unit_of):
 
 def _numpy_group(g, inputs):
     """A callable evaluating a group node by node with NumPy; returns its outputs."""
+    steps = [(m.id, [i.id for i in m.inputs], node_function(m)) for m in g.members]
+
     def run(*arrays):
         values = {t.id: a for t, a in zip(inputs, arrays)}
-        for m in g.members:
-            values[m.id] = evaluate(m, [values[i.id] for i in m.inputs])
+        for member, reads, compute in steps:
+            values[member] = compute(*[values[i] for i in reads])
         return tuple(values[o.id] for o in g.outputs)
     return run
 

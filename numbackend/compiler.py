@@ -111,7 +111,8 @@ def read_shared_results(targets):
 
 def rewrite(targets):
     """Merge common sub-expressions and fold constants; returns the new targets."""
-    targets = read_shared_results(merge_sibling_dots(targets))
+    from .scan import drop_unread_histories  # scan builds on this module
+    targets = read_shared_results(merge_sibling_dots(drop_unread_histories(targets)))
     replaced = {}
     seen = {}
     constants = {}

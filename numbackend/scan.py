@@ -23,7 +23,7 @@ import numpy as np
 
 from .autodiff import gradients, is_float
 from .core import zeros_like
-from .graph import Placeholder, consumers_of, format_shape, substitute, toposort
+from .graph import Placeholder, Tensor, consumers_of, format_shape, substitute, toposort
 from .ops import OPS, apply, as_tensor, library
 
 
@@ -113,6 +113,31 @@ def _item(node, index):
     shape = ((node.attrs["length"],) + t.shape) if stacked else body.state_inputs[
         index - len(body.outputs)].shape
     return apply("tuple_item", node, index=index, shape=shape, dtype=t.dtype)
+
+
+def drop_unread_histories(targets):
+    """Scans that keep their states' history (for back-propagation) where nothing
+    reads it (inference: an RNN's last output) keep only the final states, so a
+    step copies its outputs alone.  Returns the new targets."""
+    reads = {}  # scan id -> item indices read, or None when read whole
+    for node in toposort(targets):
+        for i in node.inputs:
+            if i.op == "scan" and reads.get(i.id, ()) is not None:
+                reads[i.id] = (reads.get(i.id, set()) | {node.attrs["index"]}
+                               if node.op == "tuple_item" else None)
+    lean, replacements = {}, {}
+    for node in toposort(targets):
+        scan = node.inputs[0] if node.op == "tuple_item" else None
+        if (scan is None or scan.op != "scan" or not scan.attrs["keep_history"]
+                or reads[scan.id] is None or max(reads[scan.id]) >= len(scan.attrs["body"].outputs)
+                or any(t is scan for t in targets)):
+            continue
+        if scan.id not in lean:
+            lean[scan.id] = Tensor("scan", scan.inputs, {**scan.attrs, "keep_history": False},
+                                   scan.shape, scan.dtype)
+        replacements[node.id] = Tensor("tuple_item", (lean[scan.id],), node.attrs,
+                                       node.shape, node.dtype)
+    return substitute(targets, replacements) if replacements else list(targets)
 
 
 def _shift(history, init, reverse):

@@ -72,6 +72,28 @@ def test_rnn_constants_unroll_and_input_length():
     np.testing.assert_allclose(fn([xv, hv, cv])[0], want, rtol=1e-10, atol=1e-12)
 
 
+def test_inference_copies_no_state_history_that_nothing_reads():
+    # a function of the outputs alone runs its scan without each step's states;
+    # one that reads the final states (taken from the history) keeps them
+    (_w, _u, _b), x, h0, last, outputs, states = build_rnn()
+    rng = np.random.default_rng(11)  # leaves RNG's draws to the tests after this one
+    xv, hv = rng.standard_normal((B, T, I)), rng.standard_normal((B, U))
+    want_h, want_outputs = numpy_rnn(xv, *weights(), hv)
+
+    def scan_of(fn):
+        (scan,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
+        return scan
+
+    lean = K.function([x, h0], [last, outputs])
+    assert scan_of(lean).attrs["keep_history"] is False
+    got_last, got_outputs = lean([xv, hv])
+    np.testing.assert_allclose(got_outputs, want_outputs, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got_last, want_outputs[:, -1], rtol=1e-10, atol=1e-12)
+    full = K.function([x, h0], [last, states[0]])
+    assert scan_of(full).attrs["keep_history"] is True
+    np.testing.assert_allclose(full([xv, hv])[1], want_h, rtol=1e-10, atol=1e-12)
+
+
 def test_rnn_with_two_states_and_a_separate_output():
     x = K.placeholder((None, T, 2), dtype="float64")
     s0 = K.placeholder((None, 2), dtype="float64")

@@ -106,6 +106,20 @@ def test_max_pool_gradient_goes_to_first_maximum():
     np.testing.assert_array_equal(dx[0, :, :, 0], expected)
 
 
+def test_max_pool_propagates_nan_like_np_max():
+    """A NaN anywhere in a window, first or not, makes its maximum NaN; the
+    gradient passes over it to the window's largest other value."""
+    x = np.arange(2 * 4 * 4 * 16, dtype=np.float32).reshape(2, 4, 4, 16) % 7
+    x[0, 0, 0, 3] = np.nan   # first position of window (0, 0)
+    x[1, 3, 2, 5] = np.nan   # last row of window (1, 1)
+    want = x.reshape(2, 2, 2, 2, 2, 16).max(axis=(2, 4))  # NumPy propagates NaN
+    got = pool.max_pool_forward(x, (2, 2))
+    assert np.isnan(got).sum() == 2
+    np.testing.assert_array_equal(got, want)
+    dx = pool.max_pool_backward(np.ones_like(got), x, (2, 2))
+    assert not np.isnan(dx).any() and dx[0, :2, :2, 3].sum() == 1 and dx[0, 0, 0, 3] == 0
+
+
 def test_pool_float32_and_defaults():
     """float32 stays float32; strides default to the pool size; an int pool
     size means the same size on every axis."""

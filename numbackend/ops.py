@@ -15,6 +15,7 @@ An ``Op`` carries
 - ``grad(g, node) -> [gradient per input]``: the reverse-mode rule, built
   from graph ops (used by autodiff).
 """
+import math
 import numbers
 
 import numpy as np
@@ -588,7 +589,7 @@ def _axes_size_infer(inputs, attrs):
 
 
 library("axes_size", _axes_size_infer,
-        lambda x, axis, dtype: np.asarray(int(np.prod([x.shape[a] for a in axis])), dtype=dtype))
+        lambda x, axis, dtype: np.asarray(math.prod(x.shape[a] for a in axis), dtype=dtype))
 
 
 def _concat_infer(inputs, attrs):

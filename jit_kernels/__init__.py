@@ -52,8 +52,6 @@ def _load_numba_array_math_without_scipy():
         linalg.ensure_blas = probe
 
 
-
-
 class _LoadWithoutRegistries(_FunctionCache):
     """Numba's per-function disk cache, minus the registry refresh on a load.
 

@@ -119,12 +119,15 @@ def drop_unread_histories(targets):
     """Scans that keep their states' history (for back-propagation) where nothing
     reads it (inference: an RNN's last output) keep only the final states, so a
     step copies its outputs alone.  Returns the new targets."""
-    reads = {}  # scan id -> item indices read, or None when read whole
+    reads = {}  # scan id -> indices of the items read; None when the whole tuple is
     for node in toposort(targets):
         for i in node.inputs:
-            if i.op == "scan" and reads.get(i.id, ()) is not None:
-                reads[i.id] = (reads.get(i.id, set()) | {node.attrs["index"]}
-                               if node.op == "tuple_item" else None)
+            if i.op != "scan":
+                continue
+            if node.op == "tuple_item" and reads.get(i.id, set()) is not None:
+                reads.setdefault(i.id, set()).add(node.attrs["index"])
+            else:
+                reads[i.id] = None
     lean, replacements = {}, {}
     for node in toposort(targets):
         scan = node.inputs[0] if node.op == "tuple_item" else None

@@ -61,16 +61,18 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     since windows of one image may overlap.  ``dx`` is (N, D*H*W*C).
 
     Each channel keeps its best value and the flat offset of where it was,
-    updated with selects rather than branches so that the loop over
-    channels vectorises (13 ms -> 4 ms at mnist_cnn's 2x2 pooling of
-    (64, 24, 24, 64), one thread)."""
+    updated with selects so that the loop over channels vectorises.  The
+    selects read one pair of buffers and write the other, swapping them after
+    each window position: written back to where they were read, LLVM turned
+    them into masked stores, slow on AMD (3.1-3.4 -> 2.4-2.7 ms at
+    mnist_cnn's 2x2 pooling of (64, 24, 24, 64), two threads)."""
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = dy.shape
     for n in prange(x.shape[0]):
         image = dx[n]
         image[:] = 0
-        best = np.empty(channels, x.dtype)
-        where = np.empty(channels, np.int64)
+        best, next_best = np.empty(channels, x.dtype), np.empty(channels, x.dtype)
+        where, next_where = np.empty(channels, np.int64), np.empty(channels, np.int64)
         for z in range(od):
             z0, z1 = _window(z, stride[0], pad[0], kernel[0], size_d)
             for yo in range(oh):
@@ -85,10 +87,12 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
                                 source = x[n, iz, iy, ix]
                                 offset = ((iz * size_h + iy) * size_w + ix) * channels
                                 for ch in range(channels):
-                                    value = source[ch]
-                                    better = value > best[ch]
-                                    best[ch] = value if better else best[ch]
-                                    where[ch] = offset if better else where[ch]
+                                    value, kept, kept_at = source[ch], best[ch], where[ch]
+                                    better = value > kept
+                                    next_best[ch] = value if better else kept
+                                    next_where[ch] = offset if better else kept_at
+                                best, next_best = next_best, best
+                                where, next_where = next_where, where
                     grad = dy[n, z, yo, xo]
                     for ch in range(channels):
                         image[where[ch] + ch] += grad[ch]

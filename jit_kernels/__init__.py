@@ -86,7 +86,8 @@ def njit_cached(**options):
     """
     def decorate(function):
         dispatcher = _numba.njit(cache=True, **options)(function)
-        if type(dispatcher._cache) is _FunctionCache:  # another Numba layout: keep its own
+        # another Numba layout, or NUMBA_DISABLE_JIT's plain function: as it comes
+        if type(getattr(dispatcher, "_cache", None)) is _FunctionCache:
             dispatcher._cache.__class__ = _LoadWithoutRegistries
             # Nor does a load need third-party Numba extensions, which Numba looks
             # up among all installed packages' entry points before a first call

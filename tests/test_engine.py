@@ -204,6 +204,14 @@ def test_kernels_load_without_importing_scipy_linalg():
     assert out == ["False", "True"]
 
 
+def test_jit_kernels_import_with_numba_jit_disabled():
+    # njit_cached then gets a plain function back from Numba and must leave it be
+    script = "import numpy as np; from jit_kernels import reduce; print(reduce.row_sum(np.arange(5.0), 4))"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         env=dict(os.environ, NUMBA_DISABLE_JIT="1")).stdout.split()
+    assert out == ["6.0"]
+
+
 def test_cache_dir_falls_back_when_unwritable(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()

@@ -119,8 +119,9 @@ def drop_unread_histories(targets):
     """Scans that keep their states' history (for back-propagation) where nothing
     reads it (inference: an RNN's last output) keep only the final states, so a
     step copies its outputs alone.  Returns the new targets."""
+    order = toposort(targets)
     reads = {}  # scan id -> indices of the items read; None when the whole tuple is
-    for node in toposort(targets):
+    for node in order:
         for i in node.inputs:
             if i.op != "scan":
                 continue
@@ -129,7 +130,7 @@ def drop_unread_histories(targets):
             else:
                 reads[i.id] = None
     lean, replacements = {}, {}
-    for node in toposort(targets):
+    for node in order:
         scan = node.inputs[0] if node.op == "tuple_item" else None
         if (scan is None or scan.op != "scan" or not scan.attrs["keep_history"]
                 or reads[scan.id] is None or max(reads[scan.id]) >= len(scan.attrs["body"].outputs)

@@ -11,7 +11,8 @@ axis ``s``; each external input varies along rows and/or columns:
 
 A group without reductions whose inputs are all 'F' or 'S' becomes one flat
 loop.  Each kernel module holds a parallel and a serial entry point with the
-same body; the plan picks one by size, and Numba compiles only the one used.
+same body, and ``run``, plain Python, which checks the shapes, allocates the
+outputs and calls one entry point by the work; Numba compiles only the one used.
 
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
@@ -27,10 +28,17 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 7
+CODEGEN_VERSION = 8
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
+# A kernel runs its parallel loop from this much work (elements times
+# work_per_element) up, its serial loop below: waking the sleeping threads
+# costs about 20 us, which a cheap loop over 250k elements just repays on 2
+# cores when alone (add -> maximum; a tanh kernel breaks even at 60k).  Between
+# BLAS calls, whose threads are still spinning, it takes more: the W7 training
+# step ran fastest with its 400k-element weight updates serial.
+PARALLEL_MIN_WORK = 500_000
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -64,7 +72,7 @@ def _dependency_stamp():
     """A hash of the jit_kernels sources that generated kernels depend on.
 
     Numba's cache checks only a function's own file: a kernel compiled against
-    an older vmath.py, reduce.py or memory.py, or with other LLVM options (set in
+    an older vmath.py or reduce.py, or with other LLVM options (set in
     jit_kernels/__init__.py), would be loaded as it was.  Keying the cache
     folder by these sources makes a change to them recompile every kernel."""
     global _stamp
@@ -72,7 +80,7 @@ def _dependency_stamp():
         spec = importlib.util.find_spec("jit_kernels")
         folder = next(iter(spec.submodule_search_locations))
         digest = hashlib.sha256()
-        for name in ("__init__.py", "memory.py", "vmath.py", "reduce.py"):
+        for name in ("__init__.py", "vmath.py", "reduce.py"):
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(f.read())
         _stamp = digest.hexdigest()[:12]
@@ -137,35 +145,110 @@ def work_per_element(spec):
 
 
 def generate_source(spec):
-    """Python source of a kernel module with entry points `kernel_par` and `kernel_ser`."""
+    """Python source of a kernel module.
+
+    ``run(x0, x1, ...)`` takes the group's inputs as they are, checks their shapes
+    (ValueError when they broadcast unlike the compiled pattern), allocates the
+    outputs with NumPy and calls ``kernel_par`` or ``kernel_ser`` by the work, on
+    1-D/2-D views of exactly the sizes the loops index.  The Numba entry points
+    only loop: no allocation, reshaping or raising, which cut their compile time
+    2-3x (those lower through Numba's array-construction code)."""
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
-    args = ", ".join(f"x{i}" for i in range(n_in))
+    body = _kernel_body(spec)
+    text = "\n".join(body)
     emit("import numpy as np")
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached")
-    body = _generate_body(spec)
-    text = "\n".join(body)
     if "vm." in text:
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
         emit("from jit_kernels import reduce as rd")
-    if "mem." in text:
-        emit("from jit_kernels import memory as mem")
     emit("")
     emit(f"MISMATCH = {_MISMATCH!r}")
+    emit("")
+    emit("")
+    emit(f"def run({', '.join(f'x{i}' for i in range(n_in))}):")
+    lines.extend("    " + line for line in _wrapper_body(spec))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
+    args = ", ".join(_kernel_args(spec))
     for variant, decorator, loop in (("par", f"njit_cached(parallel=True, {flags})", "prange"),
                                      ("ser", f"njit_cached({flags})", "range")):
+        emit("")
         emit("")
         emit(f"@{decorator}")
         emit(f"def kernel_{variant}({args}):")
         for line in body:
             emit("    " + line.replace("PRANGE", loop))
     return "\n".join(lines) + "\n"
+
+
+def _buffers(spec):
+    """The reductions that need a row buffer: [(member, compute dtype)]."""
+    buffers, buffered = [], set()
+    for j, (name, _, refs, ct, _) in enumerate(spec.nodes):
+        if _ops.OPS[name].kind != "reduce":
+            continue
+        (ref,) = refs
+        if ref[0] == "in" and spec.inputs[ref[1]][0] == "F" and spec.inputs[ref[1]][2] == ct:
+            continue
+        if ref[0] == "node" and ref[1] in buffered and spec.nodes[ref[1]][4] == ct:
+            continue
+        buffers.append((j, ct))
+        if ref[0] == "node" and spec.nodes[ref[1]][4] == ct:
+            buffered.add(ref[1])
+    return buffers
+
+
+def _kernel_args(spec):
+    names = ["R", "C"] + [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
+    names += [f"o{o}" for o in range(len(spec.outputs))]
+    return names + [f"s{j}" for j, _ in _buffers(spec)]
+
+
+def _wrapper_body(spec):
+    """``run``'s code: the domain's dims from the inputs, checked; the outputs; the call."""
+    lines = _domain_dims(spec)
+    emit = lines.append
+    s, rank = spec.split, spec.rank
+    emit(f"R = {_prod([f'D{j}' for j in range(s)])}")
+    emit(f"C = {_prod([f'D{j}' for j in range(s, rank)])}")
+    args = ["R", "C"]
+    for i, (pattern, rank_i, _) in enumerate(spec.inputs):
+        # NumPy's reshape checks the sizes, so no view is smaller than its loop reads
+        if pattern == "S":
+            args.append(f"x{i}")
+        elif pattern == "W":
+            args.append(f"x{i}.reshape(R, x{i}.shape[{rank_i - 1}])")
+        elif spec.flat:
+            args.append(f"x{i}.reshape(R * C)")
+        else:
+            args.append(f"x{i}.reshape({ {'F': 'R, C', 'R': 'R', 'C': 'C'}[pattern] })")
+    full_shape = "(" + "".join(f"D{j}, " for j in range(rank)) + ")"
+    outs = []
+    for o, (j, kind, keepdims) in enumerate(spec.outputs):
+        dt = scalar_type(spec.nodes[j][4])
+        if kind == "full":
+            emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
+            args.append(f"o{o}.reshape({'R * C' if spec.flat else 'R, C'})")
+        else:
+            shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
+            emit(f"o{o} = np.empty(({shape}), dtype={dt})")
+            args.append(f"o{o}.reshape(R)")
+        outs.append(f"o{o}")
+    for j, ct in _buffers(spec):
+        emit(f"s{j} = np.empty((min(R, {_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
+        args.append(f"s{j}")
+    weight = work_per_element(spec)
+    emit(f"if R * C * {weight} >= {PARALLEL_MIN_WORK}:")
+    emit(f"    kernel_par({', '.join(args)})")
+    emit("else:")
+    emit(f"    kernel_ser({', '.join(args)})")
+    emit("return (" + "".join(o + ", " for o in outs) + ")")
+    return lines
 
 
 def _domain_dims(spec):
@@ -204,37 +287,10 @@ def _prod(names):
     return " * ".join(names) if names else "1"
 
 
-def _generate_body(spec):
-    lines = _domain_dims(spec)
+def _kernel_body(spec):
+    """The loops, over views v{i} (rows R, columns C) into outputs o{o}."""
+    lines = []
     emit = lines.append
-    s, rank = spec.split, spec.rank
-    rows = _prod([f"D{j}" for j in range(s)])
-    cols = _prod([f"D{j}" for j in range(s, rank)])
-    emit(f"R = {rows}")
-    emit(f"C = {cols}")
-    for i, (pattern, _, _) in enumerate(spec.inputs):
-        if pattern == "S":
-            continue
-        if pattern == "W":
-            emit(f"v{i} = x{i}.reshape((R, x{i}.shape[{spec.inputs[i][1] - 1}]))")
-        elif spec.flat:
-            emit(f"v{i} = x{i}.reshape((R * C,))")
-        else:
-            emit(f"v{i} = x{i}.reshape({ {'F': '(R, C)', 'R': '(R,)', 'C': '(C,)'}[pattern] })")
-    full_shape = "(" + "".join(f"D{j}, " for j in range(rank)) + ")"
-    outs = []
-    for o, (j, kind, keepdims) in enumerate(spec.outputs):
-        dt = scalar_type(spec.nodes[j][4])
-        if kind == "full":
-            size = "(R * C,)" if spec.flat else "(R, C)"
-            emit(f"o{o} = np.empty({size}, dtype={dt})")
-            emit(f"mem.prefer_huge_pages(o{o})")
-            outs.append(f"o{o}.reshape({full_shape})")
-        else:
-            emit(f"o{o} = np.empty((R,), dtype={dt})")
-            emit(f"mem.prefer_huge_pages(o{o})")
-            shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
-            outs.append(f"o{o}.reshape(({shape}))")
     if spec.flat:
         emit("for i in PRANGE(R * C):")
         exprs = _emit_elementwise(spec, range(len(spec.nodes)), "i", None, lines, "    ", {})
@@ -242,7 +298,6 @@ def _generate_body(spec):
             emit(f"    o{o}[i] = {exprs[j]}")
     else:
         _emit_rows(spec, lines)
-    emit("return (" + "".join(o + ", " for o in outs) + ")")
     return lines
 
 
@@ -277,7 +332,7 @@ def _emit_rows(spec, lines):
     are kept in the stage's row buffer instead of being recomputed."""
     body = []      # the code for one row r
     emit = body.append
-    buffers = []   # allocations, made once per block of rows rather than once per row
+    buffers = []   # each block's row of its scratch array s{j} (see _buffers)
     loops = []     # (first, end) body lines of each loop over the row's columns
     reduced = {}   # member -> per-row scalar name
     buffered = {}  # member -> row buffer name
@@ -294,7 +349,7 @@ def _emit_rows(spec, lines):
             row = buffered[ref[1]]
         else:
             buf = f"b{j}"
-            buffers.append(f"{buf} = np.empty(C, dtype={scalar_type(ct)})")
+            buffers.append(f"{buf} = s{j}[blk]")
             first = len(body)
             emit("for c in range(C):")
             avail = {m: buffered[m] + "[c]" for m in buffered}

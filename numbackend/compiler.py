@@ -26,13 +26,8 @@ from .graph import (
 )
 from .ops import OPS, last_axis_window
 
-# A kernel runs its parallel loop from this much work (elements times
-# codegen.work_per_element) up, its serial loop below: waking the sleeping
-# threads costs about 20 us, which a cheap loop over 250k elements just repays
-# on 2 cores when alone (add -> maximum; a tanh kernel breaks even at 60k).
-# Between BLAS calls, whose threads are still spinning, it takes more: the
-# W7 training step ran fastest with its 400k-element weight updates serial.
-PARALLEL_MIN_WORK = 500_000
+# Where a kernel's loop goes parallel (set in the generated code).
+PARALLEL_MIN_WORK = codegen.PARALLEL_MIN_WORK
 # Groups whose domain is known to be this small are evaluated with NumPy: no compile.
 NUMPY_MAX_SIZE = 16
 # Groups of one value per sample (domain (None,), (None, 1)...: a loss's per-sample
@@ -434,7 +429,7 @@ class Plan:
         return schedule
 
     def _build(self, schedule, unit_of):
-        ns = {"np": np, "_PAR": PARALLEL_MIN_WORK, "_bshape": _broadcast_runtime}
+        ns = {"np": np, "_bshape": _broadcast_runtime}
         lines = []
         names = {}
         fresh = {}
@@ -573,19 +568,14 @@ class Plan:
                 call_args.append(f"{name}.reshape(-1)[0]")
             else:
                 call_args.append(name)
-        arglist = ", ".join(call_args)
-        size_expr = _size_expr(kernel_args, patterns, windows)
-        weight = codegen.work_per_element(spec)
         block = ["try:",
-                 f"    if {size_expr} * {weight} >= _PAR:",
-                 f"        {targets} = {kname}.kernel_par({arglist})",
-                 "    else:",
-                 f"        {targets} = {kname}.kernel_ser({arglist})",
+                 f"    {targets} = {kname}.run({', '.join(call_args)})",
                  "except ValueError:  # run-time shapes broadcast unlike the static ones",
                  f"    {targets} = {fallback}({', '.join(in_names)})"]
         kind = "kernel"
         if g.per_sample():
             kind = "numpy|kernel"
+            size_expr = _size_expr(kernel_args, patterns, windows)
             block = [f"if {size_expr} <= {NUMPY_MAX_SAMPLES}:",
                      f"    {targets} = {fallback}({', '.join(in_names)})",
                      "else:"] + ["    " + line for line in block]

@@ -217,9 +217,15 @@ def _wrapper_body(spec):
     emit(f"R = {_prod([f'D{j}' for j in range(s)])}")
     emit(f"C = {_prod([f'D{j}' for j in range(s, rank)])}")
     args = ["R", "C"]
+    # a view is the array itself where its shape is already (R, C), (R,) or (C,):
+    # a reshape costs about 0.1 us, and a batch-1 MLP calls a few kernels
+    rows_cols = rank == 2 and s == 1
     for i, (pattern, rank_i, _) in enumerate(spec.inputs):
         # NumPy's reshape checks the sizes, so no view is smaller than its loop reads
-        if pattern == "S":
+        as_is = (pattern == "S"
+                 or (pattern == "F" and rank_i == rank and (rank == 1 if spec.flat else rows_cols))
+                 or (pattern == "C" and rank_i == 1 and s == rank - 1))
+        if as_is:
             args.append(f"x{i}")
         elif pattern == "W":
             args.append(f"x{i}.reshape(R, x{i}.shape[{rank_i - 1}])")
@@ -233,11 +239,12 @@ def _wrapper_body(spec):
         dt = scalar_type(spec.nodes[j][4])
         if kind == "full":
             emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
-            args.append(f"o{o}.reshape({'R * C' if spec.flat else 'R, C'})")
+            same = rank == 1 if spec.flat else rows_cols
+            args.append(f"o{o}" if same else f"o{o}.reshape({'R * C' if spec.flat else 'R, C'})")
         else:
             shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
             emit(f"o{o} = np.empty(({shape}), dtype={dt})")
-            args.append(f"o{o}.reshape(R)")
+            args.append(f"o{o}" if s == 1 and not (keepdims and spec.k) else f"o{o}.reshape(R)")
         outs.append(f"o{o}")
     for j, ct in _buffers(spec):
         emit(f"s{j} = np.empty((min(R, {_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")

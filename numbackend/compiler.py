@@ -669,6 +669,10 @@ class Function:
         for i, x in enumerate(self.inputs):
             if not isinstance(x, Placeholder):
                 raise TypeError(f"function: input {i} must be a placeholder, got {x!r}")
+        # per input: its dtype, rank and known (axis, size) pairs, checked on every call
+        self._expected = [(np.dtype(x.dtype), len(x.shape),
+                           tuple((a, d) for a, d in enumerate(x.shape) if d is not None))
+                          for x in self.inputs]
         self.single_output = not isinstance(outputs, (list, tuple))
         self.outputs = [ops.as_tensor(o, where="function") for o in
                         ([outputs] if self.single_output else list(outputs))]
@@ -711,22 +715,18 @@ class Function:
         if len(values) != len(self.inputs):
             raise ValueError(f"function: expected {len(self.inputs)} input(s), got {len(values)}")
         arrays = []
-        for i, (ph, value) in enumerate(zip(self.inputs, values)):
+        for i, (value, (dtype, ndim, known)) in enumerate(zip(values, self._expected)):
             arr = np.asarray(value)
-            castable = np.can_cast(arr.dtype, ph.dtype, "same_kind") or (
-                arr.dtype.kind in "biu" and np.dtype(ph.dtype).kind in "iuf") or (
-                # Keras feeds e.g. the learning phase as 1.0: integral floats are fine
-                arr.dtype.kind == "f" and np.dtype(ph.dtype).kind in "biu"
-                and np.array_equal(arr, np.trunc(arr)))
-            if arr.dtype != ph.dtype and not castable:
+            ph = self.inputs[i]
+            if arr.dtype != dtype and not _castable(arr, dtype):
                 raise TypeError(f"function: input {i} ({ph.name!r}) has dtype {ph.dtype}; "
                                 f"cannot cast a {arr.dtype} array to it")
-            if arr.ndim != len(ph.shape) or any(
-                    d is not None and d != a for d, a in zip(ph.shape, arr.shape)):
+            shape = arr.shape
+            if len(shape) != ndim or any(shape[a] != d for a, d in known):
                 raise ValueError(f"function: input {i} ({ph.name!r}) expects shape "
-                                 f"{format_shape(ph.shape)}, got {arr.shape}")
-            if arr.dtype != ph.dtype or not arr.flags.c_contiguous:
-                arr = np.array(arr, dtype=ph.dtype, order="C")
+                                 f"{format_shape(ph.shape)}, got {shape}")
+            if arr.dtype != dtype or not arr.flags.c_contiguous:
+                arr = np.array(arr, dtype=dtype, order="C")
             arrays.append(arr)
         return arrays
 
@@ -752,6 +752,15 @@ class Function:
     def kernel_sources(self):
         """The generated source of each kernel the plan calls."""
         return [k.SOURCE for k in self.plan.kernels]
+
+
+def _castable(arr, dtype):
+    """May an input array of another dtype than its placeholder's be cast to it?"""
+    kind = np.dtype(dtype).kind
+    return (np.can_cast(arr.dtype, dtype, "same_kind")
+            or (arr.dtype.kind in "biu" and kind in "iuf")
+            # Keras feeds e.g. the learning phase as 1.0: integral floats are fine
+            or (arr.dtype.kind == "f" and kind in "biu" and np.array_equal(arr, np.trunc(arr))))
 
 
 def _unpack_update(u):

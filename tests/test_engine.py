@@ -489,3 +489,18 @@ def test_zeros_and_ones_like_ignore_the_values_of_x():
     np.testing.assert_array_equal(zeros, np.zeros((1, 3), np.float32))
     assert ones.dtype == np.int32
     np.testing.assert_array_equal(ones, np.ones((1, 3), np.int32))
+
+
+def test_kernels_take_strided_inputs():
+    # a transpose is a strided view: kernels read it as it is (row loops) or
+    # through a copy that NumPy's reshape makes (flat loops)
+    import numbackend as NB
+    x, b = K.placeholder((None, 6)), K.placeholder((5,))
+    t = NB.permute_dimensions(x, (1, 0))
+    f = K.function([x, b], [NB.exp(t) * 2.0 + 1.0, t * b, NB.sum(t * b, axis=1)])
+    v = np.random.default_rng(11).standard_normal((5, 6)).astype(np.float32)
+    bv = np.arange(5, dtype=np.float32)
+    flat, rows, sums = f([v, bv])
+    np.testing.assert_allclose(flat, np.exp(v.T) * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(rows, v.T * bv, rtol=1e-6)
+    np.testing.assert_allclose(sums, (v.T * bv).sum(1), rtol=1e-5, atol=1e-6)

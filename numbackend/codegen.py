@@ -156,7 +156,7 @@ def generate_source(spec):
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
-    body = _kernel_body(spec)
+    body, buffers = _kernel_body(spec)
     text = "\n".join(body)
     emit("import numpy as np")
     emit("from numba import prange")
@@ -170,11 +170,11 @@ def generate_source(spec):
     emit("")
     emit("")
     emit(f"def run({', '.join(f'x{i}' for i in range(n_in))}):")
-    lines.extend("    " + line for line in _wrapper_body(spec))
+    lines.extend("    " + line for line in _wrapper_body(spec, buffers))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
-    args = ", ".join(_kernel_args(spec))
+    args = ", ".join(_kernel_args(spec, buffers))
     for variant, decorator, loop in (("par", f"njit_cached(parallel=True, {flags})", "prange"),
                                      ("ser", f"njit_cached({flags})", "range")):
         emit("")
@@ -186,67 +186,50 @@ def generate_source(spec):
     return "\n".join(lines) + "\n"
 
 
-def _buffers(spec):
-    """The reductions that need a row buffer: [(member, compute dtype)]."""
-    buffers, buffered = [], set()
-    for j, (name, _, refs, ct, _) in enumerate(spec.nodes):
-        if _ops.OPS[name].kind != "reduce":
-            continue
-        (ref,) = refs
-        if ref[0] == "in" and spec.inputs[ref[1]][0] == "F" and spec.inputs[ref[1]][2] == ct:
-            continue
-        if ref[0] == "node" and ref[1] in buffered and spec.nodes[ref[1]][4] == ct:
-            continue
-        buffers.append((j, ct))
-        if ref[0] == "node" and spec.nodes[ref[1]][4] == ct:
-            buffered.add(ref[1])
-    return buffers
-
-
-def _kernel_args(spec):
+def _kernel_args(spec, buffers):
     names = ["R", "C"] + [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
     names += [f"o{o}" for o in range(len(spec.outputs))]
-    return names + [f"s{j}" for j, _ in _buffers(spec)]
+    return names + [f"s{j}" for j, _ in buffers]
 
 
-def _wrapper_body(spec):
-    """``run``'s code: the domain's dims from the inputs, checked; the outputs; the call."""
+def _wrapper_body(spec, buffers):
+    """``run``'s code: the domain's dims from the inputs, checked; the outputs and row
+    buffers (``buffers``: [(member, dtype)], see :func:`_emit_rows`); the call."""
     lines = _domain_dims(spec)
     emit = lines.append
     s, rank = spec.split, spec.rank
     emit(f"R = {_prod([f'D{j}' for j in range(s)])}")
     emit(f"C = {_prod([f'D{j}' for j in range(s, rank)])}")
     args = ["R", "C"]
-    # a view is the array itself where its shape is already (R, C), (R,) or (C,):
-    # a reshape costs about 0.1 us, and a batch-1 MLP calls a few kernels
-    rows_cols = rank == 2 and s == 1
+    # A full-domain array is its own view where the domain already is (R * C,) or
+    # (R, C), and the same goes for (C,) and (R,) arrays: a reshape costs about
+    # 0.1 us, and a batch-1 MLP calls a few kernels.
+    full_as_is = rank == 1 if spec.flat else (rank == 2 and s == 1)
+    full_view = "R * C" if spec.flat else "R, C"
     for i, (pattern, rank_i, _) in enumerate(spec.inputs):
         # NumPy's reshape checks the sizes, so no view is smaller than its loop reads
         as_is = (pattern == "S"
-                 or (pattern == "F" and rank_i == rank and (rank == 1 if spec.flat else rows_cols))
+                 or (pattern == "F" and rank_i == rank and full_as_is)
                  or (pattern == "C" and rank_i == 1 and s == rank - 1))
         if as_is:
             args.append(f"x{i}")
         elif pattern == "W":
             args.append(f"x{i}.reshape(R, x{i}.shape[{rank_i - 1}])")
-        elif spec.flat:
-            args.append(f"x{i}.reshape(R * C)")
         else:
-            args.append(f"x{i}.reshape({ {'F': 'R, C', 'R': 'R', 'C': 'C'}[pattern] })")
+            args.append(f"x{i}.reshape({ {'F': full_view, 'R': 'R', 'C': 'C'}[pattern] })")
     full_shape = "(" + "".join(f"D{j}, " for j in range(rank)) + ")"
     outs = []
     for o, (j, kind, keepdims) in enumerate(spec.outputs):
         dt = scalar_type(spec.nodes[j][4])
         if kind == "full":
             emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
-            same = rank == 1 if spec.flat else rows_cols
-            args.append(f"o{o}" if same else f"o{o}.reshape({'R * C' if spec.flat else 'R, C'})")
+            args.append(f"o{o}" if full_as_is else f"o{o}.reshape({full_view})")
         else:
             shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")
             emit(f"o{o} = np.empty(({shape}), dtype={dt})")
-            args.append(f"o{o}" if s == 1 and not (keepdims and spec.k) else f"o{o}.reshape(R)")
+            args.append(f"o{o}" if s == 1 and not keepdims else f"o{o}.reshape(R)")
         outs.append(f"o{o}")
-    for j, ct in _buffers(spec):
+    for j, ct in buffers:
         emit(f"s{j} = np.empty((min(R, {_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
         args.append(f"s{j}")
     weight = work_per_element(spec)
@@ -295,17 +278,17 @@ def _prod(names):
 
 
 def _kernel_body(spec):
-    """The loops, over views v{i} (rows R, columns C) into outputs o{o}."""
+    """The loops, over views v{i} (rows R, columns C) into outputs o{o}; returns
+    (lines, the row buffers they use: [(member, dtype)])."""
     lines = []
     emit = lines.append
-    if spec.flat:
-        emit("for i in PRANGE(R * C):")
-        exprs = _emit_elementwise(spec, range(len(spec.nodes)), "i", None, lines, "    ", {})
-        for o, (j, _, _) in enumerate(spec.outputs):
-            emit(f"    o{o}[i] = {exprs[j]}")
-    else:
-        _emit_rows(spec, lines)
-    return lines
+    if not spec.flat:
+        return lines, _emit_rows(spec, lines)
+    emit("for i in PRANGE(R * C):")
+    exprs = _emit_elementwise(spec, range(len(spec.nodes)), "i", None, lines, "    ", {})
+    for o, (j, _, _) in enumerate(spec.outputs):
+        emit(f"    o{o}[i] = {exprs[j]}")
+    return lines, []
 
 
 def _needed(spec, targets, available):
@@ -336,10 +319,11 @@ def _emit_elementwise(spec, members, col, row, lines, indent, known):
 
 def _emit_rows(spec, lines):
     """Row loop: each reduction is a stage over the row; values a later stage needs again
-    are kept in the stage's row buffer instead of being recomputed."""
+    are kept in the stage's row buffer instead of being recomputed.  Returns the
+    buffers, [(member, dtype)]: block blk's buffer b{j} is row blk of scratch s{j}."""
     body = []      # the code for one row r
     emit = body.append
-    buffers = []   # each block's row of its scratch array s{j} (see _buffers)
+    buffers = []   # (member, dtype) of each row buffer
     loops = []     # (first, end) body lines of each loop over the row's columns
     reduced = {}   # member -> per-row scalar name
     buffered = {}  # member -> row buffer name
@@ -356,7 +340,7 @@ def _emit_rows(spec, lines):
             row = buffered[ref[1]]
         else:
             buf = f"b{j}"
-            buffers.append(f"{buf} = s{j}[blk]")
+            buffers.append((j, ct))
             first = len(body)
             emit("for c in range(C):")
             avail = {m: buffered[m] + "[c]" for m in buffered}
@@ -394,15 +378,17 @@ def _emit_rows(spec, lines):
     if not buffers:
         lines.append("for r in PRANGE(R):")
         lines.extend("    " + line for line in body)
-        return
+        return buffers
     prologue = []
     if extremum is not None and loops:
         prologue = _fold_next_row_extremum(spec, *extremum, loops[0], body)
     lines.append(f"NB = min(R, {_ROW_BLOCKS})")
     lines.append("for blk in PRANGE(NB):")
-    lines.extend("    " + line for line in buffers + prologue)
+    lines.extend(f"    b{j} = s{j}[blk]" for j, _ in buffers)
+    lines.extend("    " + line for line in prologue)
     lines.append("    for r in range(blk * R // NB, (blk + 1) * R // NB):")
     lines.extend("        " + line for line in body)
+    return buffers
 
 
 def _fold_next_row_extremum(spec, j, view, loop, body):

@@ -173,8 +173,8 @@ def node_function(node):
     dtype = np.dtype(node.dtype)
 
     def as_result(out):
-        # C-contiguous and of the node's dtype: generated kernels take no strided
-        # views (np.broadcast_to, for one, returns a stride-0 view)
+        # C-contiguous and of the node's dtype, so kernels run their C-contiguous
+        # compile (np.broadcast_to, for one, returns a stride-0 view)
         if type(out) is np.ndarray and out.dtype == dtype and out.flags.c_contiguous:
             return out
         return np.require(out, dtype=dtype, requirements="C")
@@ -717,14 +717,13 @@ class Function:
         arrays = []
         for i, (value, (dtype, ndim, known)) in enumerate(zip(values, self._expected)):
             arr = np.asarray(value)
-            ph = self.inputs[i]
             if arr.dtype != dtype and not _castable(arr, dtype):
-                raise TypeError(f"function: input {i} ({ph.name!r}) has dtype {ph.dtype}; "
-                                f"cannot cast a {arr.dtype} array to it")
+                raise TypeError(f"function: input {i} ({self.inputs[i].name!r}) has dtype "
+                                f"{dtype}; cannot cast a {arr.dtype} array to it")
             shape = arr.shape
             if len(shape) != ndim or any(shape[a] != d for a, d in known):
-                raise ValueError(f"function: input {i} ({ph.name!r}) expects shape "
-                                 f"{format_shape(ph.shape)}, got {shape}")
+                raise ValueError(f"function: input {i} ({self.inputs[i].name!r}) expects shape "
+                                 f"{format_shape(self.inputs[i].shape)}, got {shape}")
             if arr.dtype != dtype or not arr.flags.c_contiguous:
                 arr = np.array(arr, dtype=dtype, order="C")
             arrays.append(arr)
@@ -755,12 +754,12 @@ class Function:
 
 
 def _castable(arr, dtype):
-    """May an input array of another dtype than its placeholder's be cast to it?"""
-    kind = np.dtype(dtype).kind
+    """May an input array of another dtype than its placeholder's (``dtype``) be cast to it?"""
     return (np.can_cast(arr.dtype, dtype, "same_kind")
-            or (arr.dtype.kind in "biu" and kind in "iuf")
+            or (arr.dtype.kind in "biu" and dtype.kind in "iuf")
             # Keras feeds e.g. the learning phase as 1.0: integral floats are fine
-            or (arr.dtype.kind == "f" and kind in "biu" and np.array_equal(arr, np.trunc(arr))))
+            or (arr.dtype.kind == "f" and dtype.kind in "biu"
+                and np.array_equal(arr, np.trunc(arr))))
 
 
 def _unpack_update(u):

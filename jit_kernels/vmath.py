@@ -46,6 +46,10 @@ as well as the test's grids):
     float32    0.96  1.46   0.83  0.86   5.90  2.34     1.60      2.41  2.33  0.5
     float64    0.94  1.90   0.77  0.77   2.49  2.17     1.49      2.02  1.92  1.7
 
+exp_nonpositive (for softmax, whose arguments are x - max <= 0) is exp with
+one scaling by 2**n instead of two: it equals exp wherever exp(x) is a normal
+number and flushes smaller results to 0.
+
 pow_f32 is correctly rounded but for rare double roundings.  pow_f64 carries
 log|x| in double-double and multiplies it by y with an fma; its error grows
 slowly with |y log x| (1.7 ulp near the overflow limit).  rint is exact.
@@ -138,6 +142,8 @@ _F32_SHIFTER_BITS = 0x4B400000
 # 0 (exp(-104) < 2**-150); clamping keeps the exponent arithmetic in range.
 _F32_EXP_MAX_ARG = np.float32(89.0)
 _F32_EXP_MIN_ARG = np.float32(-104.0)
+# exp_nonpositive_f32 clamps here: n = round(x log2 e) stays >= -127.
+_F32_EXP_FLUSH_ARG = np.float32(-88.0)
 # expm1(x) rounds to -1 for x < -17.33.
 _F32_EXPM1_MIN_ARG = np.float32(-18.0)
 
@@ -342,6 +348,21 @@ def exp_f32(x):
 
 
 @vectorisable
+def exp_nonpositive_f32(x):
+    """exp(x) for float32 x <= 0 (a softmax's x - max), flushing tiny results to 0.
+
+    One multiplication by 2**n instead of exp_f32's two: where n would be
+    -127 (x < -87.68) the bit pattern of 2**n is that of 0.0, so the result
+    is 0 instead of a denormal; above that it is exp_f32's, up to x = 88.
+    """
+    x = max(x, _F32_EXP_FLUSH_ARG)  # nan stays nan
+    n_int, r = _reduce_ln2_f32(x)
+    c = _F32_EXP_P
+    p = c[0] + r * (c[1] + r * (c[2] + r * (c[3] + r * c[4])))
+    return (np.float32(1.0) + (r + r * r * p)) * i32_as_f32((n_int + 127) << 23)
+
+
+@vectorisable
 def expm1_f32(x):
     """exp(x) - 1 for float32, accurate relative to the result near 0."""
     clamped = max(min(x, _F32_EXP_MAX_ARG), _F32_EXPM1_MIN_ARG)  # nan stays nan
@@ -477,6 +498,8 @@ _F64_SHIFTER_BITS = 0x4338000000000000
 # exp(709.7827128933840) is the largest finite result; exp(-746) rounds to 0.
 _F64_EXP_MAX_ARG = 710.0
 _F64_EXP_MIN_ARG = -746.0
+# exp_nonpositive_f64 clamps here: n = round(x log2 e) stays >= -1023.
+_F64_EXP_FLUSH_ARG = -709.0
 # expm1(x) rounds to -1 for x < -37.43.
 _F64_EXPM1_MIN_ARG = -38.0
 
@@ -740,6 +763,15 @@ def exp_f64(x):
 
 
 @vectorisable
+def exp_nonpositive_f64(x):
+    """exp(x) for float64 x <= 0, flushing tiny results to 0 (see exp_nonpositive_f32;
+    here the flush is below x = -708.75)."""
+    x = max(x, _F64_EXP_FLUSH_ARG)  # nan stays nan
+    n_int, r = _reduce_ln2_f64(x, 0.0)
+    return (1.0 + (r + r * r * _horner11(r, _F64_EXP_P))) * i64_as_f64((n_int + 1023) << 52)
+
+
+@vectorisable
 def expm1_f64(x):
     """exp(x) - 1 for float64, accurate relative to the result near 0."""
     clamped = max(min(x, _F64_EXP_MAX_ARG), _F64_EXPM1_MIN_ARG)  # nan stays nan
@@ -852,6 +884,7 @@ def rint_f64(x):
 
 FUNCTIONS = {
     ("exp", "float32"): exp_f32,
+    ("exp_nonpositive", "float32"): exp_nonpositive_f32,
     ("expm1", "float32"): expm1_f32,
     ("log", "float32"): log_f32,
     ("log1p", "float32"): log1p_f32,
@@ -863,6 +896,7 @@ FUNCTIONS = {
     ("pow", "float32"): pow_f32,
     ("rint", "float32"): rint_f32,
     ("exp", "float64"): exp_f64,
+    ("exp_nonpositive", "float64"): exp_nonpositive_f64,
     ("expm1", "float64"): expm1_f64,
     ("log", "float64"): log_f64,
     ("log1p", "float64"): log1p_f64,

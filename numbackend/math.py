@@ -65,7 +65,7 @@ def log_softmax(logits, axis):
     max (it would be exactly zero, at the cost of routing it to the argmax)."""
     peak = apply("stop_gradient", apply("max", logits, axis=axis, keepdims=True))
     shifted = apply("subtract", logits, peak)
-    total = apply("sum", apply("exp", shifted), axis=axis, keepdims=True)
+    total = apply("sum", apply("exp_nonpositive", shifted), axis=axis, keepdims=True)
     return apply("subtract", shifted, apply("log", total))
 
 

@@ -8,6 +8,7 @@ import textwrap
 import numpy as np
 import pytest
 
+import numbackend
 from numbackend import codegen, compiler, ops
 from numbackend import core as K
 
@@ -64,6 +65,27 @@ def test_softmax_is_one_row_kernel():
     want = np.exp(v - v.max(-1, keepdims=True))
     want /= want.sum(-1, keepdims=True)
     np.testing.assert_allclose(f([v])[0], want, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("rows", [1, 70])
+def test_lone_row_buffer_lives_in_the_output_row(rows):
+    # the exps are kept in the output's row, then read back and overwritten there,
+    # element by element, by an expression that reads each one twice
+    x = K.placeholder((None, 9))
+    e = ops.apply("exp", x - ops.apply("max", x, axis=-1, keepdims=True))
+    f = K.function([x], [e * 2 / ops.apply("sum", e, axis=-1, keepdims=True) + e * e])
+    (source,) = f.kernel_sources()
+    assert "= o0[r]" in source and "s3 = np.empty" not in source
+    v = np.random.default_rng(2).standard_normal((rows, 9)).astype(np.float32) * 5
+    ev = np.exp(v.astype(np.float64) - v.max(-1, keepdims=True))
+    want = ev * 2 / ev.sum(-1, keepdims=True) + ev * ev
+    np.testing.assert_allclose(f([v])[0], want, rtol=2e-6, atol=1e-7)
+
+
+def test_softmax_scales_its_exps_in_place():
+    x = K.placeholder((None, 7))
+    (source,) = K.function([x], [numbackend.softmax(x)]).kernel_sources()
+    assert "= o0[r]" in source and "np.empty((min(R" not in source
 
 
 def test_broadcast_patterns_rows_columns_scalars():

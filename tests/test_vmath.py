@@ -258,6 +258,7 @@ INF = np.inf
 NAN = np.nan
 SPECIAL_CASES = {
     "exp": [(-INF, 0.0), (INF, INF), (NAN, NAN), (0.0, 1.0), (-0.0, 1.0)],
+    "exp_nonpositive": [(-INF, 0.0), (NAN, NAN), (0.0, 1.0), (-0.0, 1.0)],
     "expm1": [(-INF, -1.0), (INF, INF), (NAN, NAN), (0.0, 0.0), (-0.0, -0.0)],
     "log": [
         (0.0, -INF),
@@ -394,8 +395,25 @@ _MATH_CALL = re.compile(
 )
 
 
+@pytest.mark.parametrize("dtype", dtype_params())
+def test_exp_nonpositive_is_exp_with_tiny_results_flushed(dtype):
+    """Within exp's bound wherever exp(x) is a normal number; where it is not, 0 or
+    a denormal within one least-normal of the exact value."""
+    x = np.concatenate([whole_range_inputs(dtype), dense_inputs(dtype)])
+    x = x[x <= 0]
+    result = evaluate("exp_nonpositive", dtype, x)
+    exact = reference("exp", x.astype(wide_type(dtype)))
+    tiny = np.finfo(dtype).tiny
+    normal = exact >= tiny
+    assert_within_ulps("exp_nonpositive", dtype, x[normal], result[normal], exact[normal],
+                       MAX_ULP[dtype]["exp"])
+    assert np.all(np.abs(result[~normal] - exact[~normal]) <= tiny)
+    flushed = x < (-87.7 if dtype == "float32" else -708.8)
+    assert np.all(result[flushed] == 0)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("name", F32_FUNCTIONS + ["pow", "rint"])
+@pytest.mark.parametrize("name", F32_FUNCTIONS + ["exp_nonpositive", "pow", "rint"])
 def test_function_vectorises(name, dtype):
     loop = compiled_loop(name, dtype)
     args = (np.ones(16, dtype),) * (2 if name == "pow" else 1)
@@ -413,6 +431,7 @@ def test_function_vectorises(name, dtype):
 def test_functions_table_is_complete():
     names = {
         "exp",
+        "exp_nonpositive",
         "expm1",
         "log",
         "log1p",

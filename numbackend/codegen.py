@@ -382,7 +382,8 @@ def _emit_rows(spec, lines):
         return buffers
     # A lone buffer of the full output's dtype is that output's row: the last loop
     # reads each element before it overwrites it.  A softmax then scales its exps
-    # in place instead of copying them out of a buffer (15% faster at 4096x1000).
+    # in place instead of copying them out of a buffer (with times_reciprocal's
+    # scaling, 15% faster at 4096x1000; either change alone gained 0-3%).
     output_row = None
     if len(buffers) == 1 and len(full) == 1 and buffers[0][1] == spec.nodes[full[0][1]][4]:
         output_row = f"b{buffers[0][0]} = o{full[0][0]}[r]"

@@ -13,6 +13,10 @@ A group without reductions whose inputs are all 'F' or 'S' becomes one flat
 loop.  Each kernel module holds a parallel and a serial entry point with the
 same body, and ``run``, plain Python, which checks the shapes, allocates the
 outputs and calls one entry point by the work; Numba compiles only the one used.
+``run_serial`` is ``run`` for compiled callers (a scan's loop over time),
+compiled only when one calls it, with the serial loop alone: Numba crashes
+loading a cached function that calls, through another cached function, a
+parallel one (the scan loop's cache, in the next process).
 
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
@@ -28,7 +32,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 8
+CODEGEN_VERSION = 9
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
@@ -72,15 +76,16 @@ def _dependency_stamp():
     """A hash of the jit_kernels sources that generated kernels depend on.
 
     Numba's cache checks only a function's own file: a kernel compiled against
-    an older vmath.py or reduce.py, or with other LLVM options (set in
-    jit_kernels/__init__.py), would be loaded as it was.  Keying the cache
+    an older vmath.py or reduce.py, a scan loop against an older blas.py, or
+    either with other LLVM options (set in jit_kernels/__init__.py), would be
+    loaded as it was.  Keying the cache
     folder by these sources makes a change to them recompile every kernel."""
     global _stamp
     if _stamp is None:
         spec = importlib.util.find_spec("jit_kernels")
         folder = next(iter(spec.submodule_search_locations))
         digest = hashlib.sha256()
-        for name in ("__init__.py", "vmath.py", "reduce.py"):
+        for name in ("__init__.py", "vmath.py", "reduce.py", "blas.py"):
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(f.read())
         _stamp = digest.hexdigest()[:12]
@@ -171,6 +176,11 @@ def generate_source(spec):
     emit("")
     emit(f"def run({', '.join(f'x{i}' for i in range(n_in))}):")
     lines.extend("    " + line for line in _wrapper_body(spec, buffers))
+    emit("")
+    emit("")
+    emit("@njit_cached()")
+    emit(f"def run_serial({', '.join(f'x{i}' for i in range(n_in))}):")
+    lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
@@ -192,9 +202,10 @@ def _kernel_args(spec, buffers):
     return names + [f"s{j}" for j, _ in buffers]
 
 
-def _wrapper_body(spec, buffers):
+def _wrapper_body(spec, buffers, serial=False):
     """``run``'s code: the domain's dims from the inputs, checked; the outputs and row
-    buffers (``buffers``: [(member, dtype)], see :func:`_emit_rows`); the call."""
+    buffers (``buffers``: [(member, dtype)], see :func:`_emit_rows`); the call (of the
+    serial loop alone where ``serial``)."""
     lines = _domain_dims(spec)
     emit = lines.append
     s, rank = spec.split, spec.rank
@@ -232,11 +243,13 @@ def _wrapper_body(spec, buffers):
     for j, ct in buffers:
         emit(f"s{j} = np.empty((min(R, {_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
         args.append(f"s{j}")
-    weight = work_per_element(spec)
-    emit(f"if R * C * {weight} >= {PARALLEL_MIN_WORK}:")
-    emit(f"    kernel_par({', '.join(args)})")
-    emit("else:")
-    emit(f"    kernel_ser({', '.join(args)})")
+    if serial:
+        emit(f"kernel_ser({', '.join(args)})")
+    else:
+        emit(f"if R * C * {work_per_element(spec)} >= {PARALLEL_MIN_WORK}:")
+        emit(f"    kernel_par({', '.join(args)})")
+        emit("else:")
+        emit(f"    kernel_ser({', '.join(args)})")
     emit("return (" + "".join(o + ", " for o in outs) + ")")
     return lines
 
@@ -423,7 +436,8 @@ def _fold_next_row_extremum(spec, j, view, loop, body):
 
 
 def load_kernel(source):
-    """The module for ``source``: from memory, else from the cache folder (written if new)."""
+    """The module for ``source`` (a kernel's or a scan loop's): from memory, else from
+    the cache folder (written if new)."""
     key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
     module = _modules.get(key)
     if module is not None:
@@ -448,12 +462,21 @@ def load_kernel(source):
     return module
 
 
+def loaded_kernel(key):
+    """The kernel module of this key loaded in this process (compiled scan loops
+    name the kernels they call by key)."""
+    return _modules[key]
+
+
 def numba_stats():
-    """Compiles and cache loads made by Numba for generated kernels in this process."""
+    """Compiles and cache loads made by Numba for generated kernels and scan loops
+    in this process."""
     compiled = hits = 0
     for module in _modules.values():
-        for variant in ("kernel_par", "kernel_ser"):
-            disp = getattr(module, variant)
+        for variant in ("kernel_par", "kernel_ser", "run_serial", "loop"):
+            disp = getattr(module, variant, None)
+            if disp is None:
+                continue
             compiled += sum(disp.stats.cache_misses.values())
             hits += sum(disp.stats.cache_hits.values())
     return {"compiled": compiled, "cache_hits": hits}

@@ -404,6 +404,11 @@ class Plan:
         self.windows = _windows(order, targets, unit_of)
         self.steps = []
         self.kernels = []
+        # the plan again, as data, for a compiled loop to run (scan_loop.py):
+        # ("kernel", spec, args, out names), ("library", node, in names, out name)
+        # or ("unsupported", why); with the constants it reads by name
+        self.program = []
+        self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
 
     @staticmethod
@@ -446,7 +451,9 @@ class Plan:
             if node.op == "constant":
                 name = new_name("c")
                 ns[name] = node.value
+                self.constants[name] = node.value
             elif node.op == "variable":
+                self.program.append(("unsupported", "reads a variable"))
                 holder = new_name("V")
                 ns[holder] = node
                 name = new_name("v")
@@ -479,12 +486,13 @@ class Plan:
             ns[fname] = library_call(node)
             lines.append(f"{name} = {fname}({call})")
             names[node.id] = name
+            self.program.append(("library", node, [value_of(i) for i in node.inputs], name))
             # a view of a leaf is not the caller's to keep
             fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)
             self.steps.append(Step("library", node.op, [node], [node]))
         outs = []
-        for t in self.targets:
-            name = value_of(t)
+        self.result_names = [value_of(t) for t in self.targets]
+        for t, name in zip(self.targets, self.result_names):
             outs.append(name if fresh.get(t.id, False) else f"np.array({name})")  # the caller owns it
         source = [f"def plan({', '.join(args)}):"]
         source += ["    " + line for line in lines]
@@ -517,15 +525,22 @@ class Plan:
         targets = "(" + "".join(n + ", " for n in out_names) + ")"
         fallback = new_name("G")
         ns[fallback] = _numpy_group(g, inputs)
+        fusible = all(_fusible_dtype(x.dtype) for x in inputs + g.members)
+        split, patterns, flat = layout(g, inputs, windows) if fusible else (0, [None], False)
+        if None in patterns:
+            # an input that broadcasts along both rows and columns: materialised
+            # below, which a compiled loop does not do
+            self.program.append(("unsupported", "an input broadcast along rows and columns"))
+        else:
+            self.program.append(("kernel", _kernel_spec(g, inputs, members, split, patterns, flat,
+                                                        windows),
+                                 _loop_args(kernel_args, patterns, inputs), out_names))
         size = g.known_size()
-        if (size is not None and size <= NUMPY_MAX_SIZE) or any(
-                not _fusible_dtype(x.dtype) for x in inputs + g.members):
+        if not fusible or (size is not None and size <= NUMPY_MAX_SIZE):
             lines.append(f"{targets} = {fallback}({', '.join(in_names)})")
             self.steps.append(Step("numpy", "numpy", list(g.members), list(g.outputs)))
             return
-        split, patterns, flat = layout(g, inputs, windows)
         if any(p is None for p in patterns):
-            # an input that broadcasts along both rows and columns: materialise it
             dom = new_name("d")
             lines.append(f"{dom} = _bshape({', '.join(in_names)})")
             for i, p in enumerate(patterns):
@@ -535,25 +550,7 @@ class Plan:
                     kernel_args[i] = wide
                     patterns[i] = "F"
             flat = g.k == 0 and all(p in ("F", "S") for p in patterns)
-        spec_inputs = [(p, len(t.shape), t.dtype) for p, t in zip(patterns, inputs)]
-        spec_nodes = []
-        for m in g.members:
-            refs = [("node", members[i.id]) if i.id in members else ("in", _index(inputs, i))
-                    for i in m.inputs]
-            op = OPS[m.op]
-            if op.kind == "reduce":
-                ct = "bool" if m.op in ("any", "all") else m.dtype
-            else:
-                ct = op.compute_dtype(m.inputs, m.attrs)
-            spec_nodes.append((m.op, m.attrs, refs, ct, m.dtype))
-        spec_outputs = []
-        for out in g.outputs:
-            if OPS[out.op].kind == "reduce":
-                spec_outputs.append((members[out.id], "reduced", out.attrs["keepdims"]))
-            else:
-                spec_outputs.append((members[out.id], "full", False))
-        spec = codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
-                                  spec_outputs, windows)
+        spec = _kernel_spec(g, inputs, members, split, patterns, flat, windows)
         module = codegen.load_kernel(codegen.generate_source(spec))
         kname = new_name("K")
         ns[kname] = module
@@ -617,6 +614,44 @@ def _windows(order, targets, unit_of):
                           for g in groups):
             windows[node.id] = window
     return windows
+
+
+def _kernel_spec(g, inputs, members, split, patterns, flat, windows):
+    """The canonical description of a group's kernel (see codegen.KernelSpec)."""
+    spec_inputs = [(p, len(t.shape), t.dtype) for p, t in zip(patterns, inputs)]
+    spec_nodes = []
+    for m in g.members:
+        refs = [("node", members[i.id]) if i.id in members else ("in", _index(inputs, i))
+                for i in m.inputs]
+        op = OPS[m.op]
+        if op.kind == "reduce":
+            ct = "bool" if m.op in ("any", "all") else m.dtype
+        else:
+            ct = op.compute_dtype(m.inputs, m.attrs)
+        spec_nodes.append((m.op, m.attrs, refs, ct, m.dtype))
+    spec_outputs = []
+    for out in g.outputs:
+        if OPS[out.op].kind == "reduce":
+            spec_outputs.append((members[out.id], "reduced", out.attrs["keepdims"]))
+        else:
+            spec_outputs.append((members[out.id], "full", False))
+    return codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
+                              spec_outputs, windows)
+
+
+def _loop_args(kernel_args, patterns, inputs):
+    """A kernel call's arguments in a compiled loop (scan_loop.py): a value's name, or
+    ("scalar", name) for a size-1 array the kernel takes as a scalar, or
+    ("constant", value) for a constant the kernel takes as a scalar."""
+    args = []
+    for name, p, t in zip(kernel_args, patterns, inputs):
+        if p == "S" and t.op == "constant":
+            args.append(("constant", t.value.reshape(-1)[0]))
+        elif p == "S":
+            args.append(("scalar", name))
+        else:
+            args.append(name)
+    return args
 
 
 def _numpy_group(g, inputs):

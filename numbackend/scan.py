@@ -19,6 +19,9 @@ Its gradient is another scan, run in the opposite direction, whose body is the
 vector-Jacobian product of the step (back-propagation through time); it
 recomputes each step's forward values from the stored state history.
 """
+import warnings
+
+import numba
 import numpy as np
 
 from .autodiff import gradients, is_float
@@ -39,6 +42,7 @@ class Body:
         self.outputs = outputs
         self.new_states = new_states
         self._plan = None
+        self._loops = {}  # number of stacked targets -> scan_loop.Loop, or None
 
     @property
     def plan(self):
@@ -47,6 +51,15 @@ class Body:
             self._plan = Plan(self.seq_inputs + self.state_inputs + self.invariant_inputs,
                               self.outputs + self.new_states)
         return self._plan
+
+    def loop(self, n_stacked):
+        """The body's loop over time as one compiled function (scan_loop.py), or None
+        where the plan has a step without a compiled form."""
+        if n_stacked not in self._loops:
+            from .scan_loop import compile_loop
+            self._loops[n_stacked] = compile_loop(self.plan, len(self.seq_inputs),
+                                                  len(self.state_inputs), n_stacked)
+        return self._loops[n_stacked]
 
     def __repr__(self):
         return f"<Body {self.where} {id(self):x}>"
@@ -85,7 +98,8 @@ def _run_scan(*arrays, body, reverse, keep_history, length):
     n_out = len(body.outputs)
     n_stacked = n_out + (n_state if keep_history else 0)
     stacked = None
-    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+    order = range(steps - 1, -1, -1) if reverse else range(steps)
+    for n, t in enumerate(order):
         result = run(*[s[t] for s in seqs], *states, *invariants)
         if stacked is None:
             for j in range(n_state):
@@ -101,7 +115,30 @@ def _run_scan(*arrays, body, reverse, keep_history, length):
                                  f"{stacked[k].shape[1:]}")
             stacked[k][t] = result[k]
         states = result[n_out:]
+        if n == 0 and steps > 1:  # the first step checked the shapes: the rest compiled
+            finals = _run_loop(body, n_stacked, steps, reverse, seqs, states, invariants, stacked)
+            if finals is not None:
+                states = finals
+                break
     return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)
+
+
+def _run_loop(body, n_stacked, steps, reverse, seqs, states, invariants, stacked):
+    """Steps 1.. of a scan through the body's compiled loop: the final states, or
+    None where the steps must run from Python."""
+    loop = body.loop(n_stacked)
+    if loop is None:
+        return None
+    try:
+        return loop.run(1, steps, reverse, seqs, states, invariants, stacked)
+    except numba.core.errors.NumbaError as exc:
+        warnings.warn(f"{body.where}: the loop over time did not compile, so it runs a step "
+                      f"at a time from Python ({type(exc).__name__}: {str(exc)[:200]})",
+                      stacklevel=2)
+        body._loops[n_stacked] = None
+        return None
+    except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
+        return None
 
 
 def _item(node, index):

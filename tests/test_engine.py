@@ -421,13 +421,14 @@ def test_debug_levels_print_the_plan_and_sources(monkeypatch, capsys):
 def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
     # Numba's cache checks only a kernel's own file; a kernel compiled against an
     # older vmath.py or reduce.py must not be loaded (it returned garbage once),
-    # nor one compiled with other LLVM options (set in jit_kernels/__init__.py).
+    # nor one compiled with other LLVM options (set in jit_kernels/__init__.py),
+    # nor a scan loop linked against an older blas.py.
     import hashlib
 
     import jit_kernels
     folder = os.path.dirname(jit_kernels.__file__)
     digest = hashlib.sha256()
-    for name in ("__init__.py", "vmath.py", "reduce.py"):
+    for name in ("__init__.py", "vmath.py", "reduce.py", "blas.py"):
         with open(os.path.join(folder, name), "rb") as f:
             digest.update(f.read())
     assert codegen.cache_dir().endswith(f"-{digest.hexdigest()[:12]}")

@@ -1,10 +1,17 @@
 """K.rnn, foldl, foldr and map_fn against explicit NumPy loops; gradients
 against central finite differences."""
+import os
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
 import numbackend as K
+from jit_kernels import blas
 from numbackend.graph import toposort
+from numbackend.scan import scan
 from tests.finite_differences import numeric_gradient
 
 RNG = np.random.default_rng(7)
@@ -355,3 +362,122 @@ def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
             args[k] = v
             return (numpy_lstm(*args) ** 2).sum()
         np.testing.assert_allclose(got[k], numeric_gradient(loss, value), rtol=1e-5, atol=1e-7)
+
+
+def _count_step_runs(fn):
+    """{scan body's where: how many times its plan ran from Python}, counted from now."""
+    counts = {}
+    for node in toposort(fn.plan.targets):
+        if node.op != "scan":
+            continue
+        body = node.attrs["body"]
+        plan, run = body.plan, body.plan.run
+        counts.setdefault(body.where, 0)
+
+        def counted(*arrays, run=run, where=body.where):
+            counts[where] += 1
+            return run(*arrays)
+        plan.run = counted
+    return counts
+
+
+def test_steps_after_the_first_run_in_one_compiled_loop():
+    # the first step runs the body's plan from Python (it checks the shapes); the
+    # other T - 1 run inside one compiled loop, forward and back-propagating
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    (w, u, b), x, h0, last, outputs, _ = build_rnn(go_backwards=True)
+    grads = K.gradients(K.sum(outputs * outputs), [w, u, b, h0])
+    fn = K.function([x, h0], [last, outputs] + grads)
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
+    counts = _count_step_runs(fn)
+    got = fn([xv, hv])
+    assert counts == {"rnn": 1, "rnn gradient": 1}
+    _, want_outputs = numpy_rnn(xv, *weights(), hv, backwards=True)
+    np.testing.assert_allclose(got[1], want_outputs, rtol=1e-10, atol=1e-12)
+
+    def loss(w_, u_, b_, h_):
+        return (numpy_rnn(xv, w_, u_, b_, h_, backwards=True)[1] ** 2).sum()
+    values = list(weights()) + [hv]
+    for k in range(4):
+        def loss_k(v, k=k):
+            args = list(values)
+            args[k] = v
+            return loss(*args)
+        np.testing.assert_allclose(got[2 + k], numeric_gradient(loss_k, values[k]),
+                                   rtol=1e-5, atol=1e-7)
+
+
+def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
+    from numbackend import scan_loop
+    monkeypatch.setitem(scan_loop._MATMUL, "float64", "np.float64")  # no such signature
+    (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
+    fn = K.function([x, h0], [outputs])
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
+    counts = _count_step_runs(fn)
+    with pytest.warns(UserWarning, match="rnn: the loop over time did not compile"):
+        got = fn([xv, hv])[0]
+    assert counts == {"rnn": T}
+    np.testing.assert_allclose(got, numpy_rnn(xv, *weights(), hv)[1], rtol=1e-10, atol=1e-12)
+
+
+def test_steps_whose_shapes_broadcast_unlike_the_kernels_run_from_python():
+    # x_t has one row at run time, the invariant four: the fused kernel, compiled for
+    # rows that match, refuses them, in the loop as in the first step
+    x = K.placeholder((T, None, 3), dtype="float64")
+    scale = K.placeholder((None, 3), dtype="float64")
+    s0 = K.placeholder((None, 3), dtype="float64")
+    stacked, (final,) = scan(lambda xs, ss: ([ss[0]], [ss[0] * 0.5 + xs[0] * scale]), [x], [s0],
+                             keep_history=False, where="test")
+    fn = K.function([x, scale, s0], [stacked[0], final])
+    xv, sv, s0v = (RNG.standard_normal(s) for s in ((T, 1, 3), (4, 3), (4, 3)))
+    counts = _count_step_runs(fn)
+    got_stacked, got_final = fn([xv, sv, s0v])
+    assert counts == {"test": T}
+    s, want = s0v, []
+    for t in range(T):
+        want.append(s)
+        s = s * 0.5 + xv[t] * sv
+    np.testing.assert_allclose(got_stacked, np.stack(want), rtol=1e-12)
+    np.testing.assert_allclose(got_final, s, rtol=1e-12)
+
+
+_LOOP_SCRIPT = textwrap.dedent("""
+    import sys
+    import numpy as np
+    import numbackend as K
+    from numbackend import codegen
+    w_value = np.random.default_rng(0).standard_normal((3, 3)) * 0.5
+    x = K.placeholder((None, 4, 3), dtype="float64")
+    h0 = K.placeholder((None, 3), dtype="float64")
+    w = K.variable(w_value, dtype="float64")
+
+    def step(x_t, states):
+        h = K.tanh(K.dot(states[0], w) + x_t)
+        return h, [h]
+
+    last, outputs, states = K.rnn(step, x, [h0])
+    wanted = [last] if sys.argv[1] == "last" else [outputs, states[0]]
+    xv, hv = np.linspace(-1, 1, 24).reshape(2, 4, 3), np.ones((2, 3))
+    got = K.function([x, h0], wanted)([xv, hv])
+    h, want = hv, []
+    for t in range(4):
+        h = np.tanh(h @ w_value + xv[:, t])
+        want.append(h)
+    ok = np.allclose(got[0], want[-1] if sys.argv[1] == "last" else np.stack(want, axis=1))
+    print(codegen.numba_stats()["compiled"], ok)
+""")
+
+
+def test_a_cached_loop_over_cached_kernels_loads_in_a_new_process(tmp_path):
+    # the second process compiles a loop calling a kernel it loaded from the cache;
+    # the third loads that loop (Numba crashed here when the kernel called its
+    # parallel loop) and compiles nothing
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+    runs = []
+    for wanted in ("last", "all", "all"):
+        out = subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, wanted], env=env,
+                             capture_output=True, text=True, check=True)
+        runs.append(out.stdout.split())
+    assert [ok for _, ok in runs] == ["True"] * 3
+    assert int(runs[1][0]) > 0 and runs[2][0] == "0"

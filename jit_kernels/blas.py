@@ -1,0 +1,104 @@
+"""Matrix products callable from compiled code, through NumPy's own BLAS.
+
+Numba's ``np.dot`` in nopython mode needs SciPy.  NumPy's wheels ship OpenBLAS
+built with 64-bit integers, whose CBLAS entry points this module binds by
+address: Numba links a call to ``numbackend_sgemm``/``numbackend_dgemm`` the
+way it links its own helpers, so the compiled code stays cacheable on disk
+(the address is registered again in each process before anything loads).  The
+products run on the same OpenBLAS, and the same thread pool, as NumPy's.
+
+Where NumPy's BLAS is another one (a conda MKL build, Accelerate), nothing is
+bound and :data:`AVAILABLE` is False: callers must then use NumPy.
+"""
+import ctypes
+import glob
+import os
+
+import llvmlite.binding as llvm
+import numpy as np
+from numba import types
+
+from . import njit_cached
+
+# The CBLAS names of NumPy's OpenBLAS builds with 64-bit integers (ILP64):
+# NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.
+_SYMBOLS = {"s": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
+            "d": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+
+def _numpy_blas_libraries():
+    """The OpenBLAS shared libraries bundled with NumPy's wheels."""
+    root = os.path.dirname(np.__file__)
+    found = []
+    for folder in (os.path.join(root, os.pardir, "numpy.libs"), os.path.join(root, ".dylibs")):
+        found += sorted(glob.glob(os.path.join(folder, "*openblas*")))
+    return found
+
+
+def _bind():
+    """Register ``numbackend_sgemm`` and ``numbackend_dgemm``; True when both are."""
+    for path in _numpy_blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        addresses = {}
+        for prefix, names in _SYMBOLS.items():
+            for name in names:
+                function = getattr(lib, name, None)
+                if function is not None:
+                    addresses[prefix] = ctypes.cast(function, ctypes.c_void_p).value
+                    break
+        if len(addresses) == 2:
+            for prefix, address in addresses.items():
+                llvm.add_symbol(f"numbackend_{prefix}gemm", address)
+            return True
+    return False
+
+
+AVAILABLE = _bind()
+
+
+def _gemm_type(scalar):
+    i32, i64, ptr = types.int32, types.int64, types.voidptr
+    return types.void(i32, i32, i32, i64, i64, i64, scalar, ptr, i64, ptr, i64, scalar, ptr, i64)
+
+
+_sgemm = types.ExternalFunction("numbackend_sgemm", _gemm_type(types.float32))
+_dgemm = types.ExternalFunction("numbackend_dgemm", _gemm_type(types.float64))
+
+
+@njit_cached()
+def _dims(a, b, out, transpose_a, transpose_b):
+    """(m, n, k) of out = op(a) @ op(b), checked: BLAS would read past a wrong size."""
+    m, k = (a.shape[1], a.shape[0]) if transpose_a else (a.shape[0], a.shape[1])
+    k_b, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
+    if k != k_b or out.shape[0] != m or out.shape[1] != n:
+        raise ValueError("jit_kernels.blas: the shapes of a product do not match")
+    if k == 0:  # BLAS rejects the zero leading dimensions of empty operands
+        out[:] = 0
+    return m, n, k
+
+
+@njit_cached()
+def matmul_f32(a, b, out, transpose_a, transpose_b):
+    """out[...] = op(a) @ op(b) for C-contiguous float32 matrices, op transposing
+    where asked."""
+    m, n, k = _dims(a, b, out, transpose_a, transpose_b)
+    if m == 0 or n == 0 or k == 0:
+        return
+    _sgemm(_ROW_MAJOR, _TRANS if transpose_a else _NO_TRANS, _TRANS if transpose_b else _NO_TRANS,
+           m, n, k, np.float32(1), a.ctypes, a.shape[1], b.ctypes, b.shape[1],
+           np.float32(0), out.ctypes, n)
+
+
+@njit_cached()
+def matmul_f64(a, b, out, transpose_a, transpose_b):
+    """out[...] = op(a) @ op(b) for C-contiguous float64 matrices."""
+    m, n, k = _dims(a, b, out, transpose_a, transpose_b)
+    if m == 0 or n == 0 or k == 0:
+        return
+    _dgemm(_ROW_MAJOR, _TRANS if transpose_a else _NO_TRANS, _TRANS if transpose_b else _NO_TRANS,
+           m, n, k, np.float64(1), a.ctypes, a.shape[1], b.ctypes, b.shape[1],
+           np.float64(0), out.ctypes, n)

@@ -2,7 +2,7 @@
 
 The body of a scan (scan.py) is compiled into a plan (compiler.py) whose steps
 are fused kernels and library calls.  Where every step is a fused kernel, a
-2-D matrix product of floats or a reshape, this module writes the plan again
+2-D matrix product of floats, a reshape or a concatenation, this module writes the plan again
 as the body of one Numba function that loops over the steps: the kernels are
 called through their compiled ``run_serial`` and the products through NumPy's BLAS
 (jit_kernels.blas).  The function is cached on disk like the kernels.
@@ -117,6 +117,11 @@ def _library_line(node, ins, out):
         cols = f"{ins[1]}.shape[{0 if tb else 1}]"
         return [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})",
                 f"{_MATMUL[node.dtype]}({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"]
+    if node.op == "concatenate":  # the gradient of per-gate slices
+        if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
+            return None
+        parts = "".join(i + ", " for i in ins)
+        return [f"{out} = np.concatenate(({parts}), axis={int(node.attrs['axis'])})"]
     if node.op == "reshape":
         shape = node.attrs["shape"]
         if not all(isinstance(d, numbers.Integral) for d in shape):

@@ -481,3 +481,38 @@ def test_a_cached_loop_over_cached_kernels_loads_in_a_new_process(tmp_path):
         runs.append(out.stdout.split())
     assert [ok for _, ok in runs] == ["True"] * 3
     assert int(runs[1][0]) > 0 and runs[2][0] == "0"
+
+
+def test_a_gated_step_on_slices_of_one_product_back_propagates_in_a_compiled_loop():
+    # Keras's implementation 2: the gates slice one product; the gradient of the
+    # slices is a concatenation, which the compiled loop runs too
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    rng = np.random.default_rng(5)
+    w_value, u_value = rng.standard_normal((I, 2 * U)) * 0.5, rng.standard_normal((U, 2 * U)) * 0.4
+    w, u = K.variable(w_value, dtype="float64"), K.variable(u_value, dtype="float64")
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+
+    def step(x_t, states):
+        z = K.dot(x_t, w) + K.dot(states[0], u)
+        h = K.sigmoid(z[:, :U]) * K.tanh(z[:, U:])
+        return h, [h]
+
+    last, _, _ = K.rnn(step, x, [h0])
+    fn = K.function([x, h0], K.gradients(K.sum(last * last), [w, u]))
+    xv, hv = rng.standard_normal((B, T, I)), rng.standard_normal((B, U))
+    counts = _count_step_runs(fn)
+    got = fn([xv, hv])
+    assert counts == {"rnn": 1, "rnn gradient": 1}
+
+    def loss(w_, u_):
+        h = hv
+        for t in range(T):
+            z = xv[:, t] @ w_ + h @ u_
+            h = 1 / (1 + np.exp(-z[:, :U])) * np.tanh(z[:, U:])
+        return (h * h).sum()
+    np.testing.assert_allclose(got[0], numeric_gradient(lambda v: loss(v, u_value), w_value),
+                               rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got[1], numeric_gradient(lambda v: loss(w_value, v), u_value),
+                               rtol=1e-5, atol=1e-7)

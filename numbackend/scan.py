@@ -19,9 +19,6 @@ Its gradient is another scan, run in the opposite direction, whose body is the
 vector-Jacobian product of the step (back-propagation through time); it
 recomputes each step's forward values from the stored state history.
 """
-import warnings
-
-import numba
 import numpy as np
 
 from .autodiff import gradients, is_float
@@ -58,7 +55,7 @@ class Body:
         if n_stacked not in self._loops:
             from .scan_loop import compile_loop
             self._loops[n_stacked] = compile_loop(self.plan, len(self.seq_inputs),
-                                                  len(self.state_inputs), n_stacked)
+                                                  len(self.state_inputs), n_stacked, self.where)
         return self._loops[n_stacked]
 
     def __repr__(self):
@@ -129,16 +126,7 @@ def _run_loop(body, n_stacked, steps, reverse, seqs, states, invariants, stacked
     loop = body.loop(n_stacked)
     if loop is None:
         return None
-    try:
-        return loop.run(1, steps, reverse, seqs, states, invariants, stacked)
-    except numba.core.errors.NumbaError as exc:
-        warnings.warn(f"{body.where}: the loop over time did not compile, so it runs a step "
-                      f"at a time from Python ({type(exc).__name__}: {str(exc)[:200]})",
-                      stacklevel=2)
-        body._loops[n_stacked] = None
-        return None
-    except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
-        return None
+    return loop.run(1, steps, reverse, seqs, states, invariants, stacked)
 
 
 def _item(node, index):

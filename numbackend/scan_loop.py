@@ -13,7 +13,9 @@ invariants do not change), so the loop repeats what that step did.
 """
 import numbers
 import re
+import warnings
 
+import numba
 import numpy as np
 
 from jit_kernels import blas
@@ -26,24 +28,35 @@ _MATMUL = {"float32": "blas.matmul_f32", "float64": "blas.matmul_f64"}
 class Loop:
     """``run(first, steps, reverse, seqs, states, invariants, stacked)``: steps
     ``first..steps-1`` of a scan, writing the stacked per-step values into
-    ``stacked`` (arrays of shape (steps,) + the step's) and returning the final
-    states."""
+    ``stacked`` (arrays of shape (steps,) + the step's); returns the final
+    states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants):
+    def __init__(self, source, constants, where):
         self.source = source
         self.constants = constants
+        self.where = where
         self._function = None
+        self._compiles = True
 
     def run(self, first, steps, reverse, seqs, states, invariants, stacked):
-        """Raises numba's NumbaError where the loop does not compile, ValueError where
-        a kernel finds shapes that broadcast unlike its compiled pattern."""
+        if not self._compiles:
+            return None
         if self._function is None:
             self._function = codegen.load_kernel(self.source).loop
         arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
-        return self._function(first, steps, reverse, *arrays, *self.constants, *stacked)
+        try:
+            return self._function(first, steps, reverse, *arrays, *self.constants, *stacked)
+        except numba.core.errors.NumbaError as exc:
+            warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
+                          f"step at a time from Python ({type(exc).__name__}: {str(exc)[:200]})",
+                          stacklevel=4)
+            self._compiles = False
+            return None
+        except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
+            return None
 
 
-def compile_loop(plan, n_seq, n_state, n_stacked):
+def compile_loop(plan, n_seq, n_state, n_stacked, where):
     """The Loop of a body's plan (placeholders: sequence slices, states, invariants;
     targets: per-step outputs, then new states, the first ``n_stacked`` targets
     stacked per step), or None where a step has no compiled form."""
@@ -102,7 +115,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    return Loop("\n".join(lines) + "\n", [constants[c] for c in constant_names])
+    return Loop("\n".join(lines) + "\n", [constants[c] for c in constant_names], where)
 
 
 def _library_line(node, ins, out):

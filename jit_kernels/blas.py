@@ -76,29 +76,24 @@ def _dims(a, b, out, transpose_a, transpose_b):
     k_b, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
     if k != k_b or out.shape[0] != m or out.shape[1] != n:
         raise ValueError("jit_kernels.blas: the shapes of a product do not match")
+    if a.itemsize != b.itemsize or a.itemsize != out.itemsize:
+        raise ValueError("jit_kernels.blas: the operands of a product differ in type")
     if k == 0:  # BLAS rejects the zero leading dimensions of empty operands
         out[:] = 0
     return m, n, k
 
 
 @njit_cached()
-def matmul_f32(a, b, out, transpose_a, transpose_b):
-    """out[...] = op(a) @ op(b) for C-contiguous float32 matrices, op transposing
-    where asked."""
+def matmul(a, b, out, transpose_a, transpose_b):
+    """out[...] = op(a) @ op(b) for C-contiguous float32 or float64 matrices of one
+    type, op transposing where asked."""
     m, n, k = _dims(a, b, out, transpose_a, transpose_b)
     if m == 0 or n == 0 or k == 0:
         return
-    _sgemm(_ROW_MAJOR, _TRANS if transpose_a else _NO_TRANS, _TRANS if transpose_b else _NO_TRANS,
-           m, n, k, np.float32(1), a.ctypes, a.shape[1], b.ctypes, b.shape[1],
-           np.float32(0), out.ctypes, n)
-
-
-@njit_cached()
-def matmul_f64(a, b, out, transpose_a, transpose_b):
-    """out[...] = op(a) @ op(b) for C-contiguous float64 matrices."""
-    m, n, k = _dims(a, b, out, transpose_a, transpose_b)
-    if m == 0 or n == 0 or k == 0:
-        return
-    _dgemm(_ROW_MAJOR, _TRANS if transpose_a else _NO_TRANS, _TRANS if transpose_b else _NO_TRANS,
-           m, n, k, np.float64(1), a.ctypes, a.shape[1], b.ctypes, b.shape[1],
-           np.float64(0), out.ctypes, n)
+    op_a = _TRANS if transpose_a else _NO_TRANS
+    op_b = _TRANS if transpose_b else _NO_TRANS
+    lda, ldb = a.shape[1], b.shape[1]
+    if a.itemsize == 4:
+        _sgemm(_ROW_MAJOR, op_a, op_b, m, n, k, 1.0, a.ctypes, lda, b.ctypes, ldb, 0.0, out.ctypes, n)
+    else:
+        _dgemm(_ROW_MAJOR, op_a, op_b, m, n, k, 1.0, a.ctypes, lda, b.ctypes, ldb, 0.0, out.ctypes, n)

@@ -22,7 +22,7 @@ from jit_kernels import blas
 
 from . import codegen
 
-_MATMUL = {"float32": "blas.matmul_f32", "float64": "blas.matmul_f64"}
+_PRODUCT = "blas.matmul"  # of float32 or float64 matrices
 
 
 class Loop:
@@ -122,14 +122,14 @@ def _library_line(node, ins, out):
     """The loop's lines for a library step, or None where it has no compiled form."""
     if node.op == "dot":
         a, b = node.inputs
-        if (a.ndim != 2 or b.ndim != 2 or node.dtype not in _MATMUL
+        if (a.ndim != 2 or b.ndim != 2 or node.dtype not in ("float32", "float64")
                 or a.dtype != node.dtype or b.dtype != node.dtype):
             return None
         ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
         rows = f"{ins[0]}.shape[{1 if ta else 0}]"
         cols = f"{ins[1]}.shape[{0 if tb else 1}]"
         return [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})",
-                f"{_MATMUL[node.dtype]}({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"]
+                f"{_PRODUCT}({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"]
     if node.op == "concatenate":  # the gradient of per-gate slices
         if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
             return None

@@ -410,7 +410,7 @@ def test_steps_after_the_first_run_in_one_compiled_loop():
 
 def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
     from numbackend import scan_loop
-    monkeypatch.setitem(scan_loop._MATMUL, "float64", "np.float64")  # no such signature
+    monkeypatch.setattr(scan_loop, "_PRODUCT", "np.float64")  # no such signature
     (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))

@@ -78,8 +78,6 @@ def _dims(a, b, out, transpose_a, transpose_b):
         raise ValueError("jit_kernels.blas: the shapes of a product do not match")
     if a.itemsize != b.itemsize or a.itemsize != out.itemsize:
         raise ValueError("jit_kernels.blas: the operands of a product differ in type")
-    if k == 0:  # BLAS rejects the zero leading dimensions of empty operands
-        out[:] = 0
     return m, n, k
 
 
@@ -88,6 +86,8 @@ def matmul(a, b, out, transpose_a, transpose_b):
     """out[...] = op(a) @ op(b) for C-contiguous float32 or float64 matrices of one
     type, op transposing where asked."""
     m, n, k = _dims(a, b, out, transpose_a, transpose_b)
+    if k == 0:  # BLAS rejects the zero leading dimensions of empty operands
+        out[:] = 0
     if m == 0 or n == 0 or k == 0:
         return
     op_a = _TRANS if transpose_a else _NO_TRANS

@@ -78,8 +78,8 @@ def _dependency_stamp():
     Numba's cache checks only a function's own file: a kernel compiled against
     an older vmath.py or reduce.py, a scan loop against an older blas.py, or
     either with other LLVM options (set in jit_kernels/__init__.py), would be
-    loaded as it was.  Keying the cache
-    folder by these sources makes a change to them recompile every kernel."""
+    loaded as it was.  Keying the cache folder by these sources makes a change
+    to them recompile every kernel."""
     global _stamp
     if _stamp is None:
         spec = importlib.util.find_spec("jit_kernels")

@@ -26,8 +26,6 @@ from .graph import (
 )
 from .ops import OPS, last_axis_window
 
-# Where a kernel's loop goes parallel (set in the generated code).
-PARALLEL_MIN_WORK = codegen.PARALLEL_MIN_WORK
 # Groups whose domain is known to be this small are evaluated with NumPy: no compile.
 NUMPY_MAX_SIZE = 16
 # Groups of one value per sample (domain (None,), (None, 1)...: a loss's per-sample
@@ -405,8 +403,9 @@ class Plan:
         self.steps = []
         self.kernels = []
         # the plan again, as data, for a compiled loop to run (scan_loop.py):
-        # ("kernel", spec, args, out names), ("library", node, in names, out name)
-        # or ("unsupported", why); with the constants it reads by name
+        # ("kernel", spec, argument expressions, out names), ("library", node,
+        # in names, out name) or ("unsupported", why); with the constants the
+        # expressions name
         self.program = []
         self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
@@ -528,13 +527,13 @@ class Plan:
         fusible = all(_fusible_dtype(x.dtype) for x in inputs + g.members)
         split, patterns, flat = layout(g, inputs, windows) if fusible else (0, [None], False)
         if None in patterns:
-            # an input that broadcasts along both rows and columns: materialised
-            # below, which a compiled loop does not do
-            self.program.append(("unsupported", "an input broadcast along rows and columns"))
+            # not fusible, or an input that broadcasts along both rows and columns:
+            # materialised below, which a compiled loop does not do
+            self.program.append(("unsupported", "a group the loop cannot call as it is"))
         else:
-            self.program.append(("kernel", _kernel_spec(g, inputs, members, split, patterns, flat,
-                                                        windows),
-                                 _loop_args(kernel_args, patterns, inputs), out_names))
+            spec = _kernel_spec(g, inputs, members, split, patterns, flat, windows)
+            call_args = self._call_args(kernel_args, patterns, inputs, ns, new_name)
+            self.program.append(("kernel", spec, call_args, out_names))
         size = g.known_size()
         if not fusible or (size is not None and size <= NUMPY_MAX_SIZE):
             lines.append(f"{targets} = {fallback}({', '.join(in_names)})")
@@ -550,21 +549,12 @@ class Plan:
                     kernel_args[i] = wide
                     patterns[i] = "F"
             flat = g.k == 0 and all(p in ("F", "S") for p in patterns)
-        spec = _kernel_spec(g, inputs, members, split, patterns, flat, windows)
+            spec = _kernel_spec(g, inputs, members, split, patterns, flat, windows)
+            call_args = self._call_args(kernel_args, patterns, inputs, ns, new_name)
         module = codegen.load_kernel(codegen.generate_source(spec))
         kname = new_name("K")
         ns[kname] = module
         self.kernels.append(module)
-        call_args = []
-        for name, p, t in zip(kernel_args, patterns, inputs):
-            if p == "S" and t.op == "constant":
-                scalar = new_name("s")
-                ns[scalar] = t.value.reshape(-1)[0]
-                call_args.append(scalar)
-            elif p == "S":
-                call_args.append(f"{name}.reshape(-1)[0]")
-            else:
-                call_args.append(name)
         block = ["try:",
                  f"    {targets} = {kname}.run({', '.join(call_args)})",
                  "except ValueError:  # run-time shapes broadcast unlike the static ones",
@@ -579,6 +569,22 @@ class Plan:
         lines.extend(block)
         self.steps.append(Step(kind, f"fused[{module.KEY[:8]}]", list(g.members),
                                list(g.outputs), module))
+
+    def _call_args(self, kernel_args, patterns, inputs, ns, new_name):
+        """A kernel call's argument expressions: the array's name, or for an input the
+        kernel takes as a scalar ('S'), a constant's value by name or the array's one
+        element."""
+        args = []
+        for name, p, t in zip(kernel_args, patterns, inputs):
+            if p == "S" and t.op == "constant":
+                scalar = new_name("s")
+                ns[scalar] = self.constants[scalar] = t.value.reshape(-1)[0]
+                args.append(scalar)
+            elif p == "S":
+                args.append(f"{name}.reshape(-1)[0]")
+            else:
+                args.append(name)
+        return args
 
     def explain(self):
         """One line per step: the kernel, the graph ops it runs, its outputs' shapes."""
@@ -637,21 +643,6 @@ def _kernel_spec(g, inputs, members, split, patterns, flat, windows):
             spec_outputs.append((members[out.id], "full", False))
     return codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
                               spec_outputs, windows)
-
-
-def _loop_args(kernel_args, patterns, inputs):
-    """A kernel call's arguments in a compiled loop (scan_loop.py): a value's name, or
-    ("scalar", name) for a size-1 array the kernel takes as a scalar, or
-    ("constant", value) for a constant the kernel takes as a scalar."""
-    args = []
-    for name, p, t in zip(kernel_args, patterns, inputs):
-        if p == "S" and t.op == "constant":
-            args.append(("constant", t.value.reshape(-1)[0]))
-        elif p == "S":
-            args.append(("scalar", name))
-        else:
-            args.append(name)
-    return args
 
 
 def _numpy_group(g, inputs):

@@ -112,21 +112,15 @@ def _run_scan(*arrays, body, reverse, keep_history, length):
                                  f"{stacked[k].shape[1:]}")
             stacked[k][t] = result[k]
         states = result[n_out:]
-        if n == 0 and steps > 1:  # the first step checked the shapes: the rest compiled
-            finals = _run_loop(body, n_stacked, steps, reverse, seqs, states, invariants, stacked)
+        if n == 0 and steps > 1:
+            # the first step checked the shapes: the others in one compiled loop,
+            # where the body has one and it runs (else None: they run from Python)
+            loop = body.loop(n_stacked)
+            finals = loop and loop.run(1, steps, reverse, seqs, states, invariants, stacked)
             if finals is not None:
                 states = finals
                 break
     return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)
-
-
-def _run_loop(body, n_stacked, steps, reverse, seqs, states, invariants, stacked):
-    """Steps 1.. of a scan through the body's compiled loop: the final states, or
-    None where the steps must run from Python."""
-    loop = body.loop(n_stacked)
-    if loop is None:
-        return None
-    return loop.run(1, steps, reverse, seqs, states, invariants, stacked)
 
 
 def _item(node, index):

@@ -2,10 +2,11 @@
 
 The body of a scan (scan.py) is compiled into a plan (compiler.py) whose steps
 are fused kernels and library calls.  Where every step is a fused kernel, a
-2-D matrix product of floats, a reshape or a concatenation, this module writes the plan again
-as the body of one Numba function that loops over the steps: the kernels are
-called through their compiled ``run_serial`` and the products through NumPy's BLAS
-(jit_kernels.blas).  The function is cached on disk like the kernels.
+2-D matrix product of floats, a reshape or a concatenation, this module
+writes the plan again as the body of one Numba function that loops over the
+steps: the kernels are called through their compiled ``run_serial`` and the
+products through NumPy's BLAS (jit_kernels.blas).  The function is cached on
+disk like the kernels.
 
 The first step still runs the Python plan, which checks the shapes; every later
 step has the same shapes (the states keep theirs, the sequences' slices and the
@@ -66,25 +67,15 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]) or any(
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
         return None  # a step's scalar is a NumPy scalar in the plan, not an array
-    body, constants, kernels = [], dict(plan.constants), {}
+    body, kernels = [], {}
     for entry in plan.program:
         if entry[0] == "unsupported":
             return None
         if entry[0] == "kernel":
             _, spec, args, outs = entry
             module = codegen.load_kernel(codegen.generate_source(spec))
-            kernel = kernels.setdefault(module.KEY, f"k{len(kernels)}")
-            call = []
-            for a in args:
-                if isinstance(a, tuple) and a[0] == "constant":
-                    name = f"c_s{len(constants)}"
-                    constants[name] = a[1]
-                    call.append(name)
-                elif isinstance(a, tuple):  # a size-1 array the kernel takes as a scalar
-                    call.append(f"{a[1]}.reshape(-1)[0]")
-                else:
-                    call.append(a)
-            body.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(call)})")
+            kernel = kernels.setdefault(module.KEY, f"kernel{len(kernels)}")
+            body.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
         _, node, ins, out = entry
         line = _library_line(node, ins, out)
@@ -92,11 +83,12 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
             return None
         body += line
     used = set(re.findall(r"\w+", "\n".join(body + plan.result_names)))
-    constant_names = sorted(c for c in constants if c in used)
-    seq_names = [f"q{i}" for i in range(n_seq)]
-    init_names = [f"s{j}" for j in range(n_state)]
-    inv_names = [f"i{m}" for m in range(n_inv)]
-    stacked_names = [f"h{k}" for k in range(n_stacked)]
+    constant_names = sorted(c for c in plan.constants if c in used)
+    # the plan's names are a letter and a number: the loop's own are longer
+    seq_names = [f"seq{i}" for i in range(n_seq)]
+    init_names = [f"init{j}" for j in range(n_state)]
+    inv_names = [f"inv{m}" for m in range(n_inv)]
+    stacked_names = [f"stacked{k}" for k in range(n_stacked)]
     state_names = [f"p{n_seq + j}" for j in range(n_state)]
     results = plan.result_names
     lines = ["import numpy as np", "", "from jit_kernels import blas, njit_cached",
@@ -115,7 +107,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    return Loop("\n".join(lines) + "\n", [constants[c] for c in constant_names], where)
+    return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where)
 
 
 def _library_line(node, ins, out):

@@ -129,7 +129,7 @@ def test_the_loop_is_chosen_by_the_work(monkeypatch):
     (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
     cheap_calls = record_loops(monkeypatch, cheap_kernel)
     costly_calls = record_loops(monkeypatch, costly_kernel)
-    for size in (compiler.PARALLEL_MIN_WORK // 2, compiler.PARALLEL_MIN_WORK + 3):
+    for size in (codegen.PARALLEL_MIN_WORK // 2, codegen.PARALLEL_MIN_WORK + 3):
         v = np.linspace(-5, 5, size).astype(np.float32)
         np.testing.assert_allclose(cheap([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
         np.testing.assert_allclose(costly([v])[0], np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
@@ -488,7 +488,7 @@ def test_a_narrow_window_of_a_wide_array_runs_the_serial_loop(monkeypatch):
     (kernel,) = fn.plan.kernels
     calls = record_loops(monkeypatch, kernel)
     xv = np.random.default_rng(4).standard_normal((8, 80000)).astype(np.float32)
-    assert xv.size >= compiler.PARALLEL_MIN_WORK
+    assert xv.size >= codegen.PARALLEL_MIN_WORK
     np.testing.assert_allclose(fn([xv])[0], np.tanh(xv[:, 0:4]) * 2.0, rtol=1e-6)
     assert calls == ["kernel_ser"]
 

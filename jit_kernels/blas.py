@@ -10,9 +10,11 @@ products run on the same OpenBLAS, and the same thread pool, as NumPy's.
 Where NumPy's BLAS is another one (a conda MKL build, Accelerate), nothing is
 bound and :data:`AVAILABLE` is False: callers must then use NumPy.
 """
+import contextlib
 import ctypes
 import glob
 import os
+import threading
 
 import llvmlite.binding as llvm
 import numpy as np
@@ -24,7 +26,14 @@ from . import njit_cached
 # NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.
 _SYMBOLS = {"s": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
             "d": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
+# OpenBLAS's process-wide thread count, read and set
+_THREAD_SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
+                   ("openblas_get_num_threads64_", "openblas_set_num_threads64_"))
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_thread_count = None  # (get, set) ctypes functions, where bound
+_run_on_pool = None  # OpenBLAS's gotoblas_pthread, where bound
+_parts_lock = threading.Lock()  # the thread count is process-wide: one run_parts at a time
+_PART = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def _numpy_blas_libraries():
@@ -53,11 +62,75 @@ def _bind():
         if len(addresses) == 2:
             for prefix, address in addresses.items():
                 llvm.add_symbol(f"numbackend_{prefix}gemm", address)
+            _bind_thread_count(lib)
             return True
     return False
 
 
+def _bind_thread_count(lib):
+    global _thread_count, _run_on_pool
+    for get_name, set_name in _THREAD_SYMBOLS:
+        get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
+        if get is not None and set_ is not None:
+            get.restype, get.argtypes = ctypes.c_int, []
+            set_.restype, set_.argtypes = None, [ctypes.c_int]
+            _thread_count = (get, set_)
+            break
+    run = getattr(lib, "gotoblas_pthread", None)
+    if run is not None and _thread_count is not None:
+        # (number of calls, function, first argument, argument step)
+        run.restype, run.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p,
+                                                   ctypes.c_void_p, ctypes.c_int]
+        _run_on_pool = run
+
+
 AVAILABLE = _bind()
+
+
+def threads():
+    """How many parts :func:`run_parts` runs at once: OpenBLAS's thread count
+    (0 where its threads cannot be used)."""
+    return _thread_count[0]() if _run_on_pool is not None else 0
+
+
+@contextlib.contextmanager
+def _one_thread():
+    get, set_ = _thread_count
+    before = get()
+    set_(1)
+    try:
+        yield
+    finally:
+        set_(before)
+
+
+def run_parts(count, part):
+    """``[part(0), ..., part(count - 1)]``, run at once on OpenBLAS's own threads
+    (``part(0)`` on the calling thread), every product inside them on its
+    calling thread alone.  ``count`` is at most :func:`threads`.
+
+    The parts run on BLAS's threads rather than on threads of their own: after a
+    product OpenBLAS's threads spin for a while, and on a machine with as many
+    threads as cores they would take the cores from any other threads."""
+    if not 1 <= count <= threads():
+        raise ValueError(f"jit_kernels.blas: cannot run {count} parts on "
+                         f"{threads()} BLAS threads")
+    results, errors = [None] * count, [None] * count
+
+    def run(argument):
+        index = argument or 0
+        try:
+            results[index] = part(index)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
+            errors[index] = exc
+
+    callback = _PART(run)
+    with _parts_lock, _one_thread():
+        _run_on_pool(count, ctypes.cast(callback, ctypes.c_void_p), None, 1)
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
 
 
 def _gemm_type(scalar):

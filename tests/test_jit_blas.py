@@ -43,3 +43,52 @@ def test_matmul_rejects_shapes_or_types_that_do_not_match():
     np.testing.assert_array_equal(out, 0)
     with pytest.raises(ValueError, match="differ in type"):
         blas.matmul(np.ones((2, 4), np.float32), np.ones((4, 3)), out, False, False)
+
+
+needs_two_threads = pytest.mark.skipif(blas.threads() < 2, reason="OpenBLAS runs one thread here")
+
+
+@needs_two_threads
+def test_run_parts_runs_each_part_at_once_on_its_own_thread_with_single_threaded_products():
+    import threading
+    count = blas.threads()
+    before = blas.threads()
+    started = threading.Barrier(count, timeout=10)  # passes only if all parts run at once
+    a = np.random.default_rng(0).standard_normal((300, 300))
+
+    def part(i):
+        started.wait()
+        out = np.empty_like(a)
+        blas.matmul(a, a * i, out, False, False)
+        return i, threading.get_ident(), blas.threads(), out
+
+    results = blas.run_parts(count, part)
+    assert [r[0] for r in results] == list(range(count))
+    assert results[0][1] == threading.get_ident()  # the first part on the calling thread
+    assert len({r[1] for r in results}) == count
+    assert all(r[2] == 1 for r in results)
+    for i, r in enumerate(results):
+        np.testing.assert_allclose(r[3], a @ (a * i), rtol=1e-12, atol=1e-9)
+    assert blas.threads() == before
+
+
+@needs_two_threads
+def test_run_parts_raises_a_part_s_error_and_restores_the_thread_count():
+    before = blas.threads()
+
+    def part(i):
+        if i == 1:
+            raise KeyError("part 1")
+        return i
+
+    with pytest.raises(KeyError, match="part 1"):
+        blas.run_parts(2, part)
+    assert blas.threads() == before
+    assert blas.run_parts(2, lambda i: i * 10) == [0, 10]
+
+
+def test_run_parts_refuses_more_parts_than_threads():
+    with pytest.raises(ValueError, match="cannot run"):
+        blas.run_parts(blas.threads() + 1, lambda i: i)
+    with pytest.raises(ValueError, match="cannot run"):
+        blas.run_parts(0, lambda i: i)

@@ -11,6 +11,13 @@ disk like the kernels.
 The first step still runs the Python plan, which checks the shapes; every later
 step has the same shapes (the states keep theirs, the sequences' slices and the
 invariants do not change), so the loop repeats what that step did.
+
+Where the step treats the rows of its states and sequence slices (axis 0: an
+RNN's batch) each on its own, the rows are split between threads, each running
+the whole loop over its rows with single-threaded products: the threads never
+wait for each other, while a product shared between threads would synchronise
+them at every step, and a batch's small product gains little from a second
+thread (jit_kernels/blas.py).
 """
 import numbers
 import re
@@ -22,8 +29,17 @@ import numpy as np
 from jit_kernels import blas
 
 from . import codegen
+from .graph import toposort
+from .ops import OPS
 
 _PRODUCT = "blas.matmul"  # of float32 or float64 matrices
+
+# The rows are split where each thread gets this many at least, and the loop
+# reads and carries this many elements at least (the sequences, plus the states
+# once per step): below, handing work to another thread (tens of microseconds,
+# more where it sleeps) costs more than it saves.
+MIN_ROWS_PER_THREAD = 8
+MIN_SPLIT_ELEMENTS = 1 << 19
 
 
 class Loop:
@@ -32,10 +48,13 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants, where):
+    def __init__(self, source, constants, where, row_aligned):
         self.source = source
         self.constants = constants
         self.where = where
+        # per invariant, whether it may line up with the rows (then its first axis
+        # says: the rows' length, or 1 to be shared); None where a step mixes rows
+        self.row_aligned = row_aligned
         self._function = None
         self._compiles = True
 
@@ -44,8 +63,12 @@ class Loop:
             return None
         if self._function is None:
             self._function = codegen.load_kernel(self.source).loop
-        arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
         try:
+            bounds = self._row_bounds(steps - first, seqs, states, invariants)
+            if len(bounds) > 2:
+                return self._run_split(bounds, first, steps, reverse, seqs, states, invariants,
+                                       stacked)
+            arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
             return self._function(first, steps, reverse, *arrays, *self.constants, *stacked)
         except numba.core.errors.NumbaError as exc:
             warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
@@ -55,6 +78,41 @@ class Loop:
             return None
         except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
             return None
+
+    def _row_bounds(self, steps, seqs, states, invariants):
+        """Where the rows are cut between threads (first row of each part, then the
+        number of rows): [0, rows] where they are not."""
+        rows = (states[0] if states else seqs[0][0]).shape[0]
+        if self.row_aligned is None:
+            return [0, rows]
+        parts = min(blas.threads(), rows // MIN_ROWS_PER_THREAD)
+        elements = sum(s.size for s in seqs) + steps * sum(s.size for s in states)
+        if parts < 2 or elements < MIN_SPLIT_ELEMENTS or not self._rows_match(
+                rows, seqs, states, invariants):
+            return [0, rows]
+        return [rows * i // parts for i in range(parts + 1)]
+
+    def _rows_match(self, rows, seqs, states, invariants):
+        return (all(s.shape[1] == rows for s in seqs) and all(s.shape[0] == rows for s in states)
+                and all(v.shape[0] in (1, rows)
+                        for lined_up, v in zip(self.row_aligned, invariants) if lined_up))
+
+    def _run_split(self, bounds, first, steps, reverse, seqs, states, invariants, stacked):
+        """The loop run by one thread per part of the rows; the final states."""
+        rows = bounds[-1]
+        split = [lined_up and v.shape[0] == rows for lined_up, v in zip(self.row_aligned, invariants)]
+
+        def run_part(i):
+            lo, hi = bounds[i], bounds[i + 1]
+            arrays = ([np.ascontiguousarray(s[:, lo:hi]) for s in seqs]
+                      + [np.ascontiguousarray(s[lo:hi]) for s in states]
+                      + [np.ascontiguousarray(v[lo:hi] if cut else v)
+                         for cut, v in zip(split, invariants)])
+            return self._function(first, steps, reverse, *arrays, *self.constants,
+                                  *[h[:, lo:hi] for h in stacked])
+
+        parts = blas.run_parts(len(bounds) - 1, run_part)
+        return tuple(np.concatenate(finals) for finals in zip(*parts))
 
 
 def compile_loop(plan, n_seq, n_state, n_stacked, where):
@@ -95,7 +153,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
              "from numbackend.codegen import loaded_kernel", ""]
     lines += [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in kernels.items()]
     params = ["first", "steps", "reverse"] + seq_names + init_names + inv_names
-    lines += ["", "", "@njit_cached()",
+    lines += ["", "", "@njit_cached(nogil=True)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
     lines += [f"    p{n_seq + n_state + m} = {name}" for m, name in enumerate(inv_names)]
     lines += [f"    {state} = {init}" for state, init in zip(state_names, init_names)]
@@ -107,7 +165,70 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where)
+    return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
+                _row_aligned(plan, n_seq, n_state))
+
+
+def _row_aligned(plan, n_seq, n_state):
+    """Per invariant, whether it lines up with the rows (axis 0) of the states and
+    sequence slices (an element-wise operand of their full rank: a dropout mask)
+    rather than being shared by all rows (a weight) — where every step keeps the
+    rows apart: element-wise work, reductions and slices along the other axes,
+    products with a shared right operand.  None where a step mixes rows."""
+    if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]):
+        return None
+    rows = {p.id for p in plan.placeholders[:n_seq + n_state]}  # values with the rows
+    invariants = plan.placeholders[n_seq + n_state:]
+    leaves = {p.id for p in invariants}
+    aligned, shared = set(), set()
+    for node in toposort(plan.targets):
+        if node.id in rows or node.id in leaves or node.op == "constant":
+            continue
+        ins = [i for i in node.inputs if i.id in rows]
+        others = [i for i in node.inputs if i.id not in rows]
+        kind = OPS[node.op].kind
+        if not ins:
+            return None
+        if kind == "elementwise":
+            if any(i.ndim != node.ndim for i in ins):
+                return None
+            for i in others:
+                if i.ndim < node.ndim:  # broadcast along the rows
+                    shared.add(i.id)
+                elif i.id in leaves:
+                    aligned.add(i.id)
+                elif i.shape[0] != 1:
+                    return None  # a constant with rows of its own
+        elif kind == "reduce":
+            if any(a % ins[0].ndim == 0 for a in node.attrs["axis"]):
+                return None
+        elif node.op == "dot":
+            if others != [node.inputs[1]] or node.attrs.get("transpose_a") or node.ndim != 2:
+                return None
+            shared.add(node.inputs[1].id)
+        elif others or not _keeps_rows(node):
+            return None
+        rows.add(node.id)
+    if any(t.id not in rows for t in plan.targets) or aligned & shared:
+        return None
+    return [p.id in aligned and p.shape[0] != 1 for p in invariants]
+
+
+def _keeps_rows(node):
+    """Does a slice, reshape or concatenation leave axis 0 as it is?"""
+    if node.op == "getitem":
+        key = node.attrs["key"]
+        if not key or key[0] == slice(None):
+            return True
+        indexed = [k for k in key[1:] if k is not None and k is not Ellipsis]
+        return key[0] is Ellipsis and len(indexed) < node.inputs[0].ndim
+    if node.op == "reshape":
+        shape, (x,) = node.attrs["shape"], node.inputs
+        return (len(shape) >= 1 and shape[0] == -1 and None not in x.shape[1:]
+                and int(np.prod(x.shape[1:])) == int(np.prod(shape[1:])))
+    if node.op == "concatenate":
+        return node.attrs["axis"] % node.ndim != 0
+    return False
 
 
 def _library_line(node, ins, out):

@@ -516,3 +516,150 @@ def test_a_gated_step_on_slices_of_one_product_back_propagates_in_a_compiled_loo
                                rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(got[1], numeric_gradient(lambda v: loss(w_value, v), u_value),
                                rtol=1e-5, atol=1e-7)
+
+
+@pytest.fixture
+def split_runs(monkeypatch):
+    """Every compiled loop over two rows or more splits them between BLAS's threads;
+    the list of the part counts of each split run."""
+    if not blas.AVAILABLE or blas.threads() < 2:
+        pytest.skip("the rows are split between OpenBLAS's threads, and it has one here")
+    from numbackend import scan_loop
+    monkeypatch.setattr(scan_loop, "MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(scan_loop, "MIN_SPLIT_ELEMENTS", 0)
+    runs, run_parts = [], blas.run_parts
+
+    def counted(count, part):
+        runs.append(count)
+        return run_parts(count, part)
+    monkeypatch.setattr(blas, "run_parts", counted)
+    return runs
+
+
+def _masked_rnn_step(w, u, keep, shift):
+    def step(x_t, states):
+        h = K.tanh(K.dot(x_t, w) + K.dot(states[0] * keep, u) + shift)
+        return h, [h]
+    return step
+
+
+def _numpy_masked_rnn(x, w, u, keep, shift, h, backwards):
+    outs = []
+    for t in (range(T - 1, -1, -1) if backwards else range(T)):
+        h = np.tanh(x[:, t] @ w + (h * keep) @ u + shift)
+        outs.append(h)
+    return np.stack(outs, axis=1)
+
+
+@pytest.mark.parametrize("rows", [5, 2])
+def test_rows_split_between_threads_give_the_numpy_loop_and_its_gradients(split_runs, rows):
+    # a per-row invariant (keep, a dropout mask) is split with the rows, a bias
+    # (shift) is shared; five rows split unevenly
+    w_v, u_v, _ = weights()
+    shift_v = RNG.standard_normal(U) * 0.1
+    w, u, shift = (K.variable(v, dtype="float64") for v in (w_v, u_v, shift_v))
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+    keep = K.placeholder((None, U), dtype="float64")
+    last, outputs, _ = K.rnn(_masked_rnn_step(w, u, keep, shift), x, [h0], go_backwards=True)
+    target = RNG.standard_normal((rows, T, U))
+    loss = K.sum(outputs * target) + K.sum(K.square(last))
+    fn = K.function([x, h0, keep], [outputs] + K.gradients(loss, [w, u, shift, h0]))
+    xv, hv = RNG.standard_normal((rows, T, I)), RNG.standard_normal((rows, U))
+    keep_v = (RNG.random((rows, U)) > 0.3) / 0.7
+    counts = _count_step_runs(fn)
+    got = fn([xv, hv, keep_v])
+    assert counts == {"rnn": 1, "rnn gradient": 1} and len(split_runs) == 2
+    np.testing.assert_allclose(got[0], _numpy_masked_rnn(xv, w_v, u_v, keep_v, shift_v, hv, True),
+                               rtol=1e-10, atol=1e-12)
+
+    def numpy_loss(w_, u_, shift_, h_):
+        outs = _numpy_masked_rnn(xv, w_, u_, keep_v, shift_, h_, True)
+        return (outs * target).sum() + (outs[:, -1] ** 2).sum()
+    values = [w_v, u_v, shift_v, hv]
+    for k, value in enumerate(values):
+        def f(v, k=k):
+            args = list(values)
+            args[k] = v
+            return numpy_loss(*args)
+        np.testing.assert_allclose(got[1 + k], numeric_gradient(f, value), rtol=1e-5, atol=1e-7)
+
+
+def test_a_per_row_invariant_with_one_row_is_shared_by_the_split_rows(split_runs):
+    w_v, u_v, _ = weights()
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+    keep = K.placeholder((None, U), dtype="float64")
+    _, outputs, _ = K.rnn(_masked_rnn_step(K.variable(w_v, dtype="float64"),
+                                          K.variable(u_v, dtype="float64"), keep, 0.0), x, [h0])
+    fn = K.function([x, h0, keep], [outputs])
+    xv, hv, keep_v = RNG.standard_normal((4, T, I)), RNG.standard_normal((4, U)), RNG.random((1, U))
+    got = fn([xv, hv, keep_v])[0]
+    assert split_runs == [2]
+    np.testing.assert_allclose(got, _numpy_masked_rnn(xv, w_v, u_v, keep_v, 0.0, hv, False),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_a_step_that_mixes_rows_runs_them_together(split_runs):
+    # each row's step reads the others' (a product with the rows reshaped): splitting
+    # them would change it
+    w_v, u_v, b_v = weights()
+    w, u, b = (K.variable(v, dtype="float64") for v in (w_v, u_v, b_v))
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+
+    def step(x_t, states):
+        h = states[0]
+        mixed = K.dot(K.dot(h, K.reshape(h, (U, -1))), h)
+        h = K.tanh(K.dot(x_t, w) + K.dot(h, u) + b + 0.01 * mixed)
+        return h, [h]
+
+    last, _, _ = K.rnn(step, x, [h0])
+    fn = K.function([x, h0], [last])
+    xv, hv = RNG.standard_normal((4, T, I)), RNG.standard_normal((4, U))
+    counts = _count_step_runs(fn)
+    got = fn([xv, hv])[0]
+    assert counts == {"rnn": 1} and split_runs == []
+    h = hv
+    for t in range(T):
+        h = np.tanh(xv[:, t] @ w_v + h @ u_v + b_v + 0.01 * (h @ h.reshape(U, -1) @ h))
+    np.testing.assert_allclose(got, h, rtol=1e-10, atol=1e-12)
+
+
+_ROW_CASES = {  # a step's new state from h and the invariants, and which invariants line up
+    "products and a bias": (lambda x, h, v: K.tanh(K.dot(x, v["w"]) + K.dot(h, v["u"]) + v["b"]),
+                            [False, False, False]),
+    "a per-row mask": (lambda x, h, v: h * v["keep"] + v["b"], [False, True]),
+    # static shape (1, U): broadcast along the rows
+    "a one-row invariant": (lambda x, h, v: h * v["one_row"], [False]),
+    "reshapes within rows": (lambda x, h, v: K.reshape(K.reshape(h, (-1, 2, U // 2)) * 2.0,
+                                                       (-1, U)), []),
+    "slices and a concatenation of columns": (
+        lambda x, h, v: K.concatenate([h[:, :2], h[:, 2:]], axis=1), []),
+    # a product's right operand is shared by the rows, whatever its shape
+    "a product with a per-row placeholder": (lambda x, h, v: K.dot(h, v["keep"]), [False]),
+    "a mean over the rows": (lambda x, h, v: h - K.mean(h, axis=0), None),
+    "a sum over the rows": (lambda x, h, v: h - K.sum(h, axis=0), None),
+    "a product of rows": (lambda x, h, v: K.dot(K.dot(h, K.reshape(h, (U, -1))), h), None),
+    "a concatenation of rows": (lambda x, h, v: K.concatenate([h[:2], h[2:]], axis=0), None),
+    "an invariant both lined up and shared": (
+        lambda x, h, v: h * v["keep"] + K.dot(h, v["keep"]), None),
+}
+
+
+@pytest.mark.parametrize("case", list(_ROW_CASES))
+def test_which_steps_keep_their_rows_apart(case):
+    from numbackend.compiler import Plan
+    from numbackend.scan_loop import _row_aligned
+    step, aligned = _ROW_CASES[case]
+    x = K.placeholder((None, I), dtype="float64")
+    h = K.placeholder((None, U), dtype="float64")
+    invariants = {"w": K.placeholder((I, U), dtype="float64"),
+                  "u": K.placeholder((U, U), dtype="float64"),
+                  "b": K.placeholder((U,), dtype="float64"),
+                  "keep": K.placeholder((None, U), dtype="float64"),
+                  "one_row": K.placeholder((1, U), dtype="float64")}
+    target = step(x, h, invariants)
+    reached = {n.id for n in toposort([target])}
+    used = [v for v in invariants.values() if v.id in reached]  # the step's invariants
+    assert _row_aligned(Plan([x, h] + used, [target]), 1, 1) == aligned

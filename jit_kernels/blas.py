@@ -24,8 +24,10 @@ from . import njit_cached
 
 # The CBLAS names of NumPy's OpenBLAS builds with 64-bit integers (ILP64):
 # NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.
-_SYMBOLS = {"s": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
-            "d": ("scipy_cblas_dgemm64_", "cblas_dgemm64_")}
+_SYMBOLS = {"sgemm": ("scipy_cblas_sgemm64_", "cblas_sgemm64_"),
+            "dgemm": ("scipy_cblas_dgemm64_", "cblas_dgemm64_"),
+            "sgemv": ("scipy_cblas_sgemv64_", "cblas_sgemv64_"),
+            "dgemv": ("scipy_cblas_dgemv64_", "cblas_dgemv64_")}
 # OpenBLAS's process-wide thread count, read and set
 _THREAD_SYMBOLS = (("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_"),
                    ("openblas_get_num_threads64_", "openblas_set_num_threads64_"))
@@ -46,22 +48,23 @@ def _numpy_blas_libraries():
 
 
 def _bind():
-    """Register ``numbackend_sgemm`` and ``numbackend_dgemm``; True when both are."""
+    """Register ``numbackend_sgemm``, ``_dgemm``, ``_sgemv`` and ``_dgemv``; True when
+    all are."""
     for path in _numpy_blas_libraries():
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
         addresses = {}
-        for prefix, names in _SYMBOLS.items():
+        for routine, names in _SYMBOLS.items():
             for name in names:
                 function = getattr(lib, name, None)
                 if function is not None:
-                    addresses[prefix] = ctypes.cast(function, ctypes.c_void_p).value
+                    addresses[routine] = ctypes.cast(function, ctypes.c_void_p).value
                     break
-        if len(addresses) == 2:
-            for prefix, address in addresses.items():
-                llvm.add_symbol(f"numbackend_{prefix}gemm", address)
+        if len(addresses) == len(_SYMBOLS):
+            for routine, address in addresses.items():
+                llvm.add_symbol(f"numbackend_{routine}", address)
             _bind_thread_count(lib)
             return True
     return False
@@ -138,8 +141,15 @@ def _gemm_type(scalar):
     return types.void(i32, i32, i32, i64, i64, i64, scalar, ptr, i64, ptr, i64, scalar, ptr, i64)
 
 
+def _gemv_type(scalar):
+    i32, i64, ptr = types.int32, types.int64, types.voidptr
+    return types.void(i32, i32, i64, i64, scalar, ptr, i64, ptr, i64, scalar, ptr, i64)
+
+
 _sgemm = types.ExternalFunction("numbackend_sgemm", _gemm_type(types.float32))
 _dgemm = types.ExternalFunction("numbackend_dgemm", _gemm_type(types.float64))
+_sgemv = types.ExternalFunction("numbackend_sgemv", _gemv_type(types.float32))
+_dgemv = types.ExternalFunction("numbackend_dgemv", _gemv_type(types.float64))
 
 
 @njit_cached()
@@ -163,6 +173,30 @@ def matmul(a, b, out, transpose_a, transpose_b):
         out[:] = 0
     if m == 0 or n == 0 or k == 0:
         return
+    if m == 1:  # out's row = op(b)^T @ a's k elements (contiguous, transposed or not)
+        _matrix_times_vector(b, not transpose_b, a, out)
+    elif n == 1:  # out's column = op(a) @ b's k elements
+        _matrix_times_vector(a, transpose_a, b, out)
+    else:
+        _general_product(a, b, out, transpose_a, transpose_b, m, n, k)
+
+
+@njit_cached()
+def _matrix_times_vector(matrix, transpose, vector, out):
+    """out's elements = op(matrix) @ vector's: BLAS's gemm would treat a product with
+    one row or column as a general one, several times slower than its gemv."""
+    rows, cols = matrix.shape
+    op = _TRANS if transpose else _NO_TRANS
+    if matrix.itemsize == 4:
+        _sgemv(_ROW_MAJOR, op, rows, cols, 1.0, matrix.ctypes, cols, vector.ctypes, 1, 0.0,
+               out.ctypes, 1)
+    else:
+        _dgemv(_ROW_MAJOR, op, rows, cols, 1.0, matrix.ctypes, cols, vector.ctypes, 1, 0.0,
+               out.ctypes, 1)
+
+
+@njit_cached()
+def _general_product(a, b, out, transpose_a, transpose_b, m, n, k):
     op_a = _TRANS if transpose_a else _NO_TRANS
     op_b = _TRANS if transpose_b else _NO_TRANS
     lda, ldb = a.shape[1], b.shape[1]

@@ -10,9 +10,10 @@ pytestmark = pytest.mark.skipif(not blas.AVAILABLE, reason="NumPy's BLAS is not 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("transpose_a", [False, True])
 @pytest.mark.parametrize("transpose_b", [False, True])
-def test_matmul_matches_the_definition(dtype, transpose_a, transpose_b):
+@pytest.mark.parametrize("m, n", [(5, 3), (1, 3), (5, 1), (1, 1)])  # one row or column: gemv
+def test_matmul_matches_the_definition(dtype, transpose_a, transpose_b, m, n):
     rng = np.random.default_rng(3)
-    m, k, n = 5, 7, 3
+    k = 7
     a = rng.standard_normal((k, m) if transpose_a else (m, k)).astype(dtype)
     b = rng.standard_normal((n, k) if transpose_b else (k, n)).astype(dtype)
     out = np.full((m, n), np.nan, dtype)

@@ -34,6 +34,14 @@ NUMPY_MAX_SIZE = 16
 # the W7 training step had four such kernels for batches of 128.
 NUMPY_MAX_SAMPLES = 4096
 LEAVES = ("placeholder", "variable", "constant")
+# A function called this many times with inputs of at most ONE_CALL_MAX_ELEMENTS
+# elements in all gets its plan compiled as one call (compiled_plan.py), where
+# the plan allows: that saves the interpreter's microseconds per step, which a
+# small batch's run is mostly made of, and costs a compilation that functions
+# called a few times (most of a test suite's) never pay.  Larger inputs keep the
+# plan, whose kernels go parallel.
+ONE_CALL_AFTER = 10
+ONE_CALL_MAX_ELEMENTS = 1 << 14
 _VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic")
 
 
@@ -402,10 +410,10 @@ class Plan:
         self.windows = _windows(order, targets, unit_of)
         self.steps = []
         self.kernels = []
-        # the plan again, as data, for a compiled loop to run (scan_loop.py):
+        # the plan again, as data, for compiled code to run (compiled_plan.py):
         # ("kernel", spec, argument expressions, out names), ("library", node,
-        # in names, out name) or ("unsupported", why); with the constants the
-        # expressions name
+        # in names, out name), ("variable", node, name) or ("unsupported", why);
+        # with the constants the expressions name
         self.program = []
         self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
@@ -452,11 +460,11 @@ class Plan:
                 ns[name] = node.value
                 self.constants[name] = node.value
             elif node.op == "variable":
-                self.program.append(("unsupported", "reads a variable"))
                 holder = new_name("V")
                 ns[holder] = node
                 name = new_name("v")
                 lines.append(f"{name} = {holder}.value")
+                self.program.append(("variable", node, name))
             elif node.op == "placeholder":
                 raise ValueError(f"function: the outputs depend on placeholder {node.name!r}, "
                                  "which is not among the inputs")
@@ -489,10 +497,11 @@ class Plan:
             # a view of a leaf is not the caller's to keep
             fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)
             self.steps.append(Step("library", node.op, [node], [node]))
-        outs = []
         self.result_names = [value_of(t) for t in self.targets]
-        for t, name in zip(self.targets, self.result_names):
-            outs.append(name if fresh.get(t.id, False) else f"np.array({name})")  # the caller owns it
+        # a result that is not new (a leaf or a view of one) is copied: the caller owns it
+        self.result_fresh = [fresh.get(t.id, False) for t in self.targets]
+        outs = [name if new else f"np.array({name})"
+                for name, new in zip(self.result_names, self.result_fresh)]
         source = [f"def plan({', '.join(args)}):"]
         source += ["    " + line for line in lines]
         source.append("    return (" + "".join(o + ", " for o in outs) + ")")
@@ -725,6 +734,8 @@ class Function:
                 placeholders.append(node)
                 self._defaults.append(node.default)
         self.plan = Plan(placeholders, self.outputs + update_values)
+        self._small_calls = 0
+        self._one_call = None  # compiled_plan.Call once compiled; False where it cannot be
         self.name = name
         level = debug_level()
         if level >= 1:
@@ -756,8 +767,12 @@ class Function:
         return arrays
 
     def __call__(self, values=()):
-        arrays = self._check(values)
-        results = self.plan.run(*arrays, *self._defaults)
+        arrays = self._check(values) + self._defaults
+        results = None
+        if self._one_call is not False and sum(a.size for a in arrays) <= ONE_CALL_MAX_ELEMENTS:
+            results = self._run_one_call(arrays)
+        if results is None:
+            results = self.plan.run(*arrays)
         n = len(self.outputs)
         new_values = results[n:]
         for var, value in zip(self.update_vars, new_values):
@@ -770,9 +785,26 @@ class Function:
         outputs = list(results[:n])
         return outputs[0] if self.single_output else outputs
 
+    def _run_one_call(self, arrays):
+        """The results from the plan compiled as one call, or None where the plan
+        runs instead (not yet called often enough, or not compiled)."""
+        if self._one_call is None:
+            self._small_calls += 1
+            if self._small_calls < ONE_CALL_AFTER:
+                return None
+            from .compiled_plan import compile_call
+            self._one_call = compile_call(self.plan) or False
+            if not self._one_call:
+                return None
+        return self._one_call.run(*arrays)
+
     def explain(self):
         """The compiled plan, one line per step."""
-        return self.plan.explain()
+        text = self.plan.explain()
+        if self._one_call:
+            text += ("\n     (inputs of at most " f"{ONE_CALL_MAX_ELEMENTS} elements: "
+                     "these steps run as one compiled call)")
+        return text
 
     def kernel_sources(self):
         """The generated source of each kernel the plan calls."""

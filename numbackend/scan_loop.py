@@ -1,12 +1,10 @@
 """A scan's loop over time as one compiled function: no Python per step.
 
 The body of a scan (scan.py) is compiled into a plan (compiler.py) whose steps
-are fused kernels and library calls.  Where every step is a fused kernel, a
-2-D matrix product of floats, a reshape or a concatenation, this module
-writes the plan again as the body of one Numba function that loops over the
-steps: the kernels are called through their compiled ``run_serial`` and the
-products through NumPy's BLAS (jit_kernels.blas).  The function is cached on
-disk like the kernels.
+are fused kernels and library calls.  Where every step has a compiled form
+(compiled_plan.py), this module writes the plan again as the body of one Numba
+function that loops over the steps.  The function is cached on disk like the
+kernels.
 
 The first step still runs the Python plan, which checks the shapes; every later
 step has the same shapes (the states keep theirs, the sequences' slices and the
@@ -19,8 +17,6 @@ wait for each other, while a product shared between threads would synchronise
 them at every step, and a batch's small product gains little from a second
 thread (jit_kernels/blas.py).
 """
-import numbers
-import re
 import warnings
 
 import numba
@@ -28,11 +24,9 @@ import numpy as np
 
 from jit_kernels import blas
 
-from . import codegen
+from . import codegen, compiled_plan
 from .graph import toposort
 from .ops import OPS
-
-_PRODUCT = "blas.matmul"  # of float32 or float64 matrices
 
 # The rows are split where each thread gets this many at least, and the loop
 # reads and carries this many elements at least (the sequences, plus the states
@@ -119,29 +113,14 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     """The Loop of a body's plan (placeholders: sequence slices, states, invariants;
     targets: per-step outputs, then new states, the first ``n_stacked`` targets
     stacked per step), or None where a step has no compiled form."""
-    if not blas.AVAILABLE:
-        return None
     n_inv = len(plan.placeholders) - n_seq - n_state
     if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]) or any(
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
         return None  # a step's scalar is a NumPy scalar in the plan, not an array
-    body, kernels = [], {}
-    for entry in plan.program:
-        if entry[0] == "unsupported":
-            return None
-        if entry[0] == "kernel":
-            _, spec, args, outs = entry
-            module = codegen.load_kernel(codegen.generate_source(spec))
-            kernel = kernels.setdefault(module.KEY, f"kernel{len(kernels)}")
-            body.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
-            continue
-        _, node, ins, out = entry
-        line = _library_line(node, ins, out)
-        if line is None:
-            return None
-        body += line
-    used = set(re.findall(r"\w+", "\n".join(body + plan.result_names)))
-    constant_names = sorted(c for c in plan.constants if c in used)
+    rendered = compiled_plan.render(plan)
+    if rendered is None or rendered.variables:  # a body reads its invariants as inputs
+        return None
+    body, constant_names = rendered.lines, rendered.constant_names
     # the plan's names are a letter and a number: the loop's own are longer
     seq_names = [f"seq{i}" for i in range(n_seq)]
     init_names = [f"init{j}" for j in range(n_state)]
@@ -149,9 +128,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     stacked_names = [f"stacked{k}" for k in range(n_stacked)]
     state_names = [f"p{n_seq + j}" for j in range(n_state)]
     results = plan.result_names
-    lines = ["import numpy as np", "", "from jit_kernels import blas, njit_cached",
-             "from numbackend.codegen import loaded_kernel", ""]
-    lines += [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in kernels.items()]
+    lines = compiled_plan.HEADER + rendered.kernel_lines
     params = ["first", "steps", "reverse"] + seq_names + init_names + inv_names
     lines += ["", "", "@njit_cached(nogil=True)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
@@ -229,29 +206,3 @@ def _keeps_rows(node):
     if node.op == "concatenate":
         return node.attrs["axis"] % node.ndim != 0
     return False
-
-
-def _library_line(node, ins, out):
-    """The loop's lines for a library step, or None where it has no compiled form."""
-    if node.op == "dot":
-        a, b = node.inputs
-        if (a.ndim != 2 or b.ndim != 2 or node.dtype not in ("float32", "float64")
-                or a.dtype != node.dtype or b.dtype != node.dtype):
-            return None
-        ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
-        rows = f"{ins[0]}.shape[{1 if ta else 0}]"
-        cols = f"{ins[1]}.shape[{0 if tb else 1}]"
-        return [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})",
-                f"{_PRODUCT}({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"]
-    if node.op == "concatenate":  # the gradient of per-gate slices
-        if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
-            return None
-        parts = "".join(i + ", " for i in ins)
-        return [f"{out} = np.concatenate(({parts}), axis={int(node.attrs['axis'])})"]
-    if node.op == "reshape":
-        shape = node.attrs["shape"]
-        if not all(isinstance(d, numbers.Integral) for d in shape):
-            return None
-        return [f"{out} = {ins[0]}.reshape(({''.join(f'{int(d)}, ' for d in shape)}))"]
-    return None
-

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import numbackend
+from jit_kernels import blas
 from numbackend import codegen, compiler, ops
 from numbackend import core as K
 
@@ -527,3 +528,91 @@ def test_kernels_take_strided_inputs():
     np.testing.assert_allclose(flat, np.exp(v.T) * 2 + 1, rtol=1e-6)
     np.testing.assert_allclose(rows, v.T * bv, rtol=1e-6)
     np.testing.assert_allclose(sums, (v.T * bv).sum(1), rtol=1e-5, atol=1e-6)
+
+
+# --- the whole plan as one compiled call ----------------------------------------
+
+needs_blas = pytest.mark.skipif(not blas.AVAILABLE,
+                                reason="NumPy's BLAS is not OpenBLAS ILP64: plans run from Python")
+
+
+@pytest.fixture
+def plan_runs(monkeypatch):
+    """Functions compile their plan as one call from their second small call on;
+    returns a function counting how often a Function's plan ran from Python."""
+    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
+
+    def count(fn):
+        runs, run = [0], fn.plan.run
+
+        def counted(*arrays):
+            runs[0] += 1
+            return run(*arrays)
+        fn.plan.run = counted
+        return runs
+    return count
+
+
+@needs_blas
+def test_a_small_mlp_called_often_runs_as_one_call(plan_runs):
+    rng = np.random.default_rng(0)
+    w1, b1 = rng.standard_normal((6, 5)), rng.standard_normal(5)
+    w2, b2 = rng.standard_normal((5, 3)), rng.standard_normal(3)
+    x = K.placeholder((None, 6), dtype="float64")
+    h = numbackend.relu(numbackend.dot(x, K.variable(w1, dtype="float64")) + K.variable(b1, dtype="float64"))
+    f = K.function([x], [numbackend.softmax(numbackend.dot(h, K.variable(w2, dtype="float64"))
+                                   + K.variable(b2, dtype="float64"))])
+    runs = plan_runs(f)
+    for batch in (1, 2, 1, 4):
+        xv = rng.standard_normal((batch, 6))
+        z = np.maximum(xv @ w1 + b1, 0) @ w2 + b2
+        want = np.exp(z - z.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(f([xv])[0], want / want.sum(axis=1, keepdims=True),
+                                   rtol=1e-12, atol=1e-15)
+    assert runs[0] == 1  # the first call only
+    assert "one compiled call" in f.explain()
+
+
+@needs_blas
+def test_large_inputs_run_the_plan(plan_runs):
+    x = K.placeholder((None, 4), dtype="float64")
+    f = K.function([x], [numbackend.dot(x, K.variable(np.eye(4), dtype="float64")) * 2.0])
+    runs = plan_runs(f)
+    big = np.ones((compiler.ONE_CALL_MAX_ELEMENTS // 4 + 1, 4))
+    for _ in range(3):
+        np.testing.assert_array_equal(f([big])[0], 2 * big)
+    assert runs[0] == 3
+
+
+@needs_blas
+def test_one_call_results_belong_to_the_caller_and_updates_see_new_values(plan_runs):
+    v = K.variable(np.ones(3), dtype="float64")
+    x = K.placeholder((3,), dtype="float64")
+    f = K.function([x], [x * 2.0, v, numbackend.reshape(v, (3, 1))], updates=[(v, v + x)])
+    runs = plan_runs(f)
+    for n in range(1, 5):
+        doubled, value, column = f([np.ones(3)])
+        np.testing.assert_array_equal(value, [n] * 3)  # the value before the call
+        np.testing.assert_array_equal(column, [[n]] * 3)
+        np.testing.assert_array_equal(K.get_value(v), [n + 1] * 3)
+        doubled[:] = value[:] = column[:] = -1  # the caller's arrays: nothing else changes
+    np.testing.assert_array_equal(K.get_value(v), [5] * 3)
+    np.testing.assert_array_equal(f([np.ones(3)])[0], [2] * 3)
+    assert runs[0] == 1
+
+
+@needs_blas
+def test_one_call_falls_back_to_the_plan_for_what_it_refuses(plan_runs):
+    # the kernel is compiled for x's rows broadcasting against b's; rows of one row
+    # at run time, and a product whose shapes do not match, go back to the plan
+    x = K.placeholder((None, None), dtype="float64")
+    b = K.placeholder((None, 3), dtype="float64")
+    f = K.function([x, b], [numbackend.dot(x, K.variable(np.ones((2, 3)), dtype="float64")) + b])
+    runs = plan_runs(f)
+    xv, bv = np.ones((4, 2)), np.arange(12.0).reshape(4, 3)
+    for _ in range(2):
+        np.testing.assert_array_equal(f([xv, bv])[0], 2 + bv)
+    np.testing.assert_array_equal(f([xv, bv[:1]])[0], 2 + np.repeat(bv[:1], 4, axis=0))
+    assert runs[0] == 2
+    with pytest.raises(ValueError, match="size 2 is different from 5"):  # NumPy's words
+        f([np.ones((4, 5)), bv])

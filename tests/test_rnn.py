@@ -409,8 +409,8 @@ def test_steps_after_the_first_run_in_one_compiled_loop():
 
 
 def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
-    from numbackend import scan_loop
-    monkeypatch.setattr(scan_loop, "_PRODUCT", "np.float64")  # no such signature
+    from numbackend import compiled_plan
+    monkeypatch.setattr(compiled_plan, "_PRODUCT", "np.float64")  # no such signature
     (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))

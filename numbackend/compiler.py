@@ -802,7 +802,7 @@ class Function:
         """The compiled plan, one line per step."""
         text = self.plan.explain()
         if self._one_call:
-            text += ("\n     (inputs of at most " f"{ONE_CALL_MAX_ELEMENTS} elements: "
+            text += (f"\n     (inputs of at most {ONE_CALL_MAX_ELEMENTS} elements: "
                      "these steps run as one compiled call)")
         return text
 

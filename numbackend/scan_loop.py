@@ -59,7 +59,7 @@ class Loop:
             self._function = codegen.load_kernel(self.source).loop
         try:
             bounds = self._row_bounds(steps - first, seqs, states, invariants)
-            if len(bounds) > 2:
+            if bounds is not None:
                 return self._run_split(bounds, first, steps, reverse, seqs, states, invariants,
                                        stacked)
             arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
@@ -75,15 +75,15 @@ class Loop:
 
     def _row_bounds(self, steps, seqs, states, invariants):
         """Where the rows are cut between threads (first row of each part, then the
-        number of rows): [0, rows] where they are not."""
-        rows = (states[0] if states else seqs[0][0]).shape[0]
+        number of rows), or None where they are not."""
         if self.row_aligned is None:
-            return [0, rows]
+            return None
+        rows = (states[0] if states else seqs[0][0]).shape[0]
         parts = min(blas.threads(), rows // MIN_ROWS_PER_THREAD)
         elements = sum(s.size for s in seqs) + steps * sum(s.size for s in states)
         if parts < 2 or elements < MIN_SPLIT_ELEMENTS or not self._rows_match(
                 rows, seqs, states, invariants):
-            return [0, rows]
+            return None
         return [rows * i // parts for i in range(parts + 1)]
 
     def _rows_match(self, rows, seqs, states, invariants):
@@ -152,8 +152,6 @@ def _row_aligned(plan, n_seq, n_state):
     rather than being shared by all rows (a weight) — where every step keeps the
     rows apart: element-wise work, reductions and slices along the other axes,
     products with a shared right operand.  None where a step mixes rows."""
-    if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]):
-        return None
     rows = {p.id for p in plan.placeholders[:n_seq + n_state]}  # values with the rows
     invariants = plan.placeholders[n_seq + n_state:]
     leaves = {p.id for p in invariants}

@@ -31,10 +31,12 @@ from . import njit_cached
 
 _JIT = {'error_model': 'numpy', 'nogil': True}
 
-# im2col works on batch chunks whose column buffer stays about this size: it bounds the extra memory a large batch needs, and measured 3-8 MB
-# chunks are as fast as one batch-sized buffer or slightly faster; smaller
-# ones pay for more switches between Numba and BLAS.
-_COLUMN_CHUNK_BYTES = 8 << 20
+# im2col works on batch chunks whose column buffer stays about this size, so
+# that BLAS reads the columns while they are still in cache: on mnist_cnn's
+# second layer at batch 64, 2 MB chunks (3 images) ran the layer 20% faster
+# than 8 MB ones and its training step 16% faster; 1 MB ones pay for more
+# switches between the copy and BLAS.
+_COLUMN_CHUNK_BYTES = 2 << 20
 
 # Below this many elements of work a kernel runs on the calling thread only.
 # Waking Numba's other threads costs a few microseconds when the machine is

@@ -470,6 +470,12 @@ def _dot_infer(inputs, attrs):
 
 
 def _dot(x, y, transpose_a=False, transpose_b=False):
+    # the shapes known only at run time are checked here, as at construction
+    k_x = x.shape[0 if transpose_a else -1]
+    k_y = y.shape[1 if transpose_b else (-2 if y.ndim >= 2 else 0)]
+    if k_x != k_y:
+        raise ValueError(f"dot: cannot contract shapes {format_shape(x.shape)} and "
+                         f"{format_shape(y.shape)} ({k_x} != {k_y})")
     if x.ndim > 2 and y.ndim == 2 and x.flags.c_contiguous:
         # np.dot runs a slow loop, not BLAS, for a 3-D and up left operand
         return np.dot(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + y.shape[-1:])
@@ -534,7 +540,16 @@ def _swap_last(t):
     return apply("transpose", t, axes=axes)
 
 
-library("matmul", _matmul_infer, np.matmul,
+def _matmul(x, y):
+    # the shapes known only at run time are checked here, as at construction
+    batch = [(a, b) for a, b in zip(x.shape[-3::-1], y.shape[-3::-1]) if a != b and 1 not in (a, b)]
+    if x.shape[-1] != y.shape[-2] or batch:
+        raise ValueError(f"matmul: cannot multiply shapes {format_shape(x.shape)} and "
+                         f"{format_shape(y.shape)}")
+    return np.matmul(x, y)
+
+
+library("matmul", _matmul_infer, _matmul,
         grad=lambda g, n: [apply("sum_to", apply("matmul", g, _swap_last(n.inputs[1])), n.inputs[0]),
                            apply("sum_to", apply("matmul", _swap_last(n.inputs[0]), g), n.inputs[1])])
 

@@ -701,6 +701,21 @@ def test_linear_algebra_errors():
         K.dot(K.placeholder((2, 3)), K.placeholder((4, 5)))
     with pytest.raises(ValueError, match=r"dot: cannot contract shapes \(2, 3\) and \(4, 2, 5\)"):
         K.dot(K.placeholder((2, 3)), K.placeholder((4, 2, 5)))
+    # dimensions known only at run time: the same message, from the call
+    a, b = K.placeholder((None, None)), K.placeholder((None, 4))
+    fn = K.function([a, b], [K.dot(a, b)])
+    with pytest.raises(ValueError, match=r"dot: cannot contract shapes \(2, 3\) and \(5, 4\) \(3 != 5\)"):
+        fn([np.ones((2, 3)), np.ones((5, 4))])
+    v = K.placeholder((None,))
+    fn = K.function([a, v], [K.dot(a, v)])
+    with pytest.raises(ValueError, match=r"dot: cannot contract shapes \(2, 3\) and \(5,\)"):
+        fn([np.ones((2, 3)), np.ones(5)])
+    x3, y3 = K.placeholder((None, None, None)), K.placeholder((None, None, None))
+    fn = K.function([x3, y3], [K.batch_dot(x3, y3)])
+    with pytest.raises(ValueError, match=r"matmul: cannot multiply shapes \(2, 3, 4\) and \(2, 5, 6\)"):
+        fn([np.ones((2, 3, 4)), np.ones((2, 5, 6))])
+    with pytest.raises(ValueError, match=r"matmul: cannot multiply shapes \(2, 3, 4\) and \(3, 4, 6\)"):
+        fn([np.ones((2, 3, 4)), np.ones((3, 4, 6))])
     with pytest.raises(ValueError, match=r"batch_dot: .*rank >= 2.*\(3,\)"):
         K.batch_dot(K.placeholder((3,)), K.placeholder((3, 2)))
     with pytest.raises(ValueError, match=r"batch_dot: .*batch sizes.*\(3, 2\) and \(4, 2\)"):

@@ -32,9 +32,9 @@ def _report(title, fn, reference, inputs, repeat):
     first = time.perf_counter() - start
     want = reference(*inputs)
     error = float(np.max(np.abs(got - want)))
-    print(fn.explain())
     ours = _median_time(lambda: fn(inputs), repeat)
     numpy_time = _median_time(lambda: reference(*inputs), repeat)
+    print(fn.explain())  # after the timed calls: it says what they ran (one compiled call or not)
     print(f"first call (compile or load): {first:.2f} s; max abs difference from NumPy: {error:.2e}")
     print(f"numbackend {_fmt(ours)}   NumPy {_fmt(numpy_time)}   speed-up {numpy_time / ours:5.1f}x")
 

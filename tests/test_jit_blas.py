@@ -88,6 +88,27 @@ def test_run_parts_raises_a_part_s_error_and_restores_the_thread_count():
     assert blas.run_parts(2, lambda i: i * 10) == [0, 10]
 
 
+@needs_two_threads
+def test_run_parts_lets_go_of_its_parts_when_it_returns():
+    # held until the garbage collector ran, megabytes of arrays made malloc hand
+    # the next arrays fresh pages, each a page fault
+    import gc
+    import weakref
+
+    def run_on_an_array():
+        held = np.ones(1000)
+        blas.run_parts(2, lambda i: held.sum())
+        return weakref.ref(held)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        assert run_on_an_array()() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_run_parts_refuses_more_parts_than_threads():
     with pytest.raises(ValueError, match="cannot run"):
         blas.run_parts(blas.threads() + 1, lambda i: i)

@@ -10,7 +10,7 @@ compiles only once or twice.
 import numpy as np
 import pytest
 
-from jit_kernels import conv
+from jit_kernels import blas, conv
 from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
 random = random_arrays(1234)
@@ -145,6 +145,50 @@ def test_conv_batch_chunks(monkeypatch, channels):
                                rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'), whole[1],
                                rtol=1e-12, atol=1e-12)
+
+
+def _split_results(x, w, dy):
+    return (conv.conv_forward(x, w, 1, 'same'),
+            conv.conv_backward_input(dy, w, x.shape, 1, 'same'),
+            conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'))
+
+
+@pytest.mark.parametrize('threads, parts', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
+def test_conv_batch_split_between_threads(monkeypatch, threads, parts):
+    """With a chunk per part the batch splits into parts of whole images, none
+    empty, whose results are those of the whole batch at once."""
+    x, w = random((5, 6, 7, 3)), random((3, 3, 3, 4))
+    dy = random((5, 6, 7, 4))
+    whole = _split_results(x, w, dy)
+    calls = []
+
+    def one_after_another(count, part):
+        calls.append(count)
+        return [part(i) for i in range(count)]
+
+    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)  # one image a chunk
+    monkeypatch.setattr(blas, 'threads', lambda: threads)
+    monkeypatch.setattr(blas, 'run_parts', one_after_another)
+    split = _split_results(x, w, dy)
+    assert calls == [parts] * 3
+    np.testing.assert_allclose(split[0], reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
+    for got, expected in zip(split[1:], whole[1:]):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.skipif(blas.threads() < 2, reason='OpenBLAS runs one thread here')
+def test_conv_batch_split_runs_on_blas_threads(monkeypatch):
+    x, w = random((4, 6, 7, 3)), random((3, 3, 3, 4))
+    dy = random((4, 6, 7, 4))
+    whole = _split_results(x, w, dy)
+    calls = []
+    run_parts = blas.run_parts
+    monkeypatch.setattr(blas, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
+    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)
+    split = _split_results(x, w, dy)
+    assert calls == [min(blas.threads(), 4)] * 3
+    for got, expected in zip(split, whole):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 1)])

@@ -48,6 +48,12 @@ _COLUMN_CHUNK_BYTES = 2 << 20
 # (for instance with OPENBLAS_THREAD_TIMEOUT=4 and OMP_WAIT_POLICY=passive).
 PARALLEL_MIN_WORK = 1 << 24
 
+# From this many elements of work a kernel parallel over images runs them in
+# parts on BLAS's threads (see _launch_by_images): mnist_cnn's max pooling
+# after a product, at batch 64 (2.4M elements), 1.6-2x faster forward and
+# 1.3-2x backward than on one thread; at batch 16 sometimes slower.
+IMAGE_PARTS_MIN_WORK = 1 << 20
+
 # One-channel im2col copies tap by tap from this many column rows up (see
 # _fill_columns); below, one copy of the whole window view.
 _TAPWISE_MIN_ROWS = 1024
@@ -159,12 +165,29 @@ def _launch(kernel, work, *args):
     ``work`` (elements touched) is below :data:`PARALLEL_MIN_WORK`."""
     if work >= PARALLEL_MIN_WORK:
         return kernel(*args)
+    return _on_one_thread(kernel, *args)
+
+
+def _on_one_thread(kernel, *args):
+    """Call a ``parallel=True`` kernel on the calling thread alone."""
     threads = numba.get_num_threads()
     numba.set_num_threads(1)
     try:
         return kernel(*args)
     finally:
         numba.set_num_threads(threads)
+
+
+def _launch_by_images(kernel, work, batched, *rest):
+    """:func:`_launch` of ``kernel(*batched, *rest)``, where each array of
+    ``batched`` has the images on its first axis.  From
+    :data:`IMAGE_PARTS_MIN_WORK` up the images split between BLAS's threads
+    (:func:`blas.run_parts`), each part on one thread: Numba's own threads
+    would wait for OpenBLAS's, which spin on after the last product."""
+    batch = batched[0].shape[0]
+    if work < IMAGE_PARTS_MIN_WORK or min(blas.threads(), batch) < 2:
+        return _launch(kernel, work, *batched, *rest)
+    _in_image_parts(batch, 1, lambda lo, hi: _on_one_thread(kernel, *(a[lo:hi] for a in batched), *rest))
 
 
 def _check_conv(x_shape, w_shape, what):

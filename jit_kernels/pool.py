@@ -19,7 +19,7 @@ import numpy as np
 from numba import prange
 
 from . import njit_cached
-from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch, _out_shape, geometry
+from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch_by_images, _out_shape, geometry
 from .reduce import maximum
 
 
@@ -169,7 +169,7 @@ def max_pool_forward(x, pool_size, strides=None, padding='valid'):
     (x,) = _float_arrays(x)
     g = _pool_geometry(x.shape, pool_size, strides, padding)
     y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
-    _launch(_max_pool, x.size, _as_5d(x, g), _as_5d_out(y, g), g.kernel, g.stride, g.pad)
+    _launch_by_images(_max_pool, x.size, (_as_5d(x, g), _as_5d_out(y, g)), g.kernel, g.stride, g.pad)
     return y
 
 
@@ -180,8 +180,9 @@ def max_pool_backward(dy, x, pool_size, strides=None, padding='valid'):
     g = _pool_geometry(x.shape, pool_size, strides, padding)
     _check_gradient(g, dy, x.shape, 'max_pool_backward')
     dx = np.empty_like(x)
-    _launch(_max_pool_backward, x.size, _as_5d(x, g), _as_5d_out(dy, g),
-            dx.reshape(x.shape[0], int(np.prod(x.shape[1:]))), g.kernel, g.stride, g.pad)
+    _launch_by_images(_max_pool_backward, x.size,
+                      (_as_5d(x, g), _as_5d_out(dy, g), dx.reshape(x.shape[0], int(np.prod(x.shape[1:])))),
+                      g.kernel, g.stride, g.pad)
     return dx
 
 
@@ -190,7 +191,7 @@ def avg_pool_forward(x, pool_size, strides=None, padding='valid'):
     (x,) = _float_arrays(x)
     g = _pool_geometry(x.shape, pool_size, strides, padding)
     y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
-    _launch(_avg_pool, x.size, _as_5d(x, g), _as_5d_out(y, g), g.kernel, g.stride, g.pad)
+    _launch_by_images(_avg_pool, x.size, (_as_5d(x, g), _as_5d_out(y, g)), g.kernel, g.stride, g.pad)
     return y
 
 
@@ -201,6 +202,6 @@ def avg_pool_backward(dy, x_shape, pool_size, strides=None, padding='valid'):
     g = _pool_geometry(x_shape, pool_size, strides, padding)
     _check_gradient(g, dy, x_shape, 'avg_pool_backward')
     dx = np.empty(x_shape, dy.dtype)
-    _launch(_avg_pool_backward, dx.size, _as_5d_out(dy, g), _as_5d(dx, g), g.kernel, g.stride,
-            g.pad)
+    _launch_by_images(_avg_pool_backward, dx.size, (_as_5d_out(dy, g), _as_5d(dx, g)),
+                      g.kernel, g.stride, g.pad)
     return dx

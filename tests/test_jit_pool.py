@@ -9,7 +9,7 @@ hand-made case with ties.  Resizing is compared with per-pixel formulas.
 import numpy as np
 import pytest
 
-from jit_kernels import pool, resize
+from jit_kernels import blas, conv, pool, resize
 from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
 random = random_arrays(4321)
@@ -89,6 +89,24 @@ def test_max_pool(x_shape, pool_size, strides, padding):
         down = inner(dy, reference_pool(shifted, pool_size, strides, padding, 'max'))
         numeric[index] = (up - down) / (2 * step)
     np.testing.assert_allclose(dx, numeric, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(blas.threads() < 2, reason='OpenBLAS runs one thread here')
+@pytest.mark.parametrize('mode', ['max', 'avg'])
+def test_pool_split_by_images_between_blas_threads(monkeypatch, mode):
+    x = random((5, 7, 6, 3))
+    expected = reference_pool(x, (2, 3), (2, 2), 'same', mode)
+    dy = random(expected.shape)
+    forward, backward = getattr(pool, f'{mode}_pool_forward'), getattr(pool, f'{mode}_pool_backward')
+    whole = backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same')
+    calls = []
+    run_parts = blas.run_parts
+    monkeypatch.setattr(blas, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
+    monkeypatch.setattr(conv, 'IMAGE_PARTS_MIN_WORK', 0)
+    np.testing.assert_allclose(forward(x, (2, 3), (2, 2), 'same'), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same'),
+                               whole, rtol=1e-12, atol=1e-12)
+    assert len(calls) == 2 and min(calls) >= 2
 
 
 def test_max_pool_gradient_goes_to_first_maximum():

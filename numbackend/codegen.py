@@ -32,7 +32,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 9
+CODEGEN_VERSION = 10
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
@@ -157,7 +157,10 @@ def generate_source(spec):
     outputs with NumPy and calls ``kernel_par`` or ``kernel_ser`` by the work, on
     1-D/2-D views of exactly the sizes the loops index.  The Numba entry points
     only loop: no allocation, reshaping or raising, which cut their compile time
-    2-3x (those lower through Numba's array-construction code)."""
+    2-3x (those lower through Numba's array-construction code).  ``run_serial``
+    is ``run`` on one thread, compiled; where every output is element-wise,
+    ``run_serial_into(x0, ..., o0, ...)`` writes them into arrays of the domain's
+    shape (which may be inputs: each element is read before it is written)."""
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
@@ -181,6 +184,13 @@ def generate_source(spec):
     emit("@njit_cached()")
     emit(f"def run_serial({', '.join(f'x{i}' for i in range(n_in))}):")
     lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True))
+    if all(kind == "full" for _, kind, _ in spec.outputs):
+        emit("")
+        emit("")
+        emit("@njit_cached()")
+        params = [f"x{i}" for i in range(n_in)] + [f"o{o}" for o in range(len(spec.outputs))]
+        emit(f"def run_serial_into({', '.join(params)}):")
+        lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
@@ -202,10 +212,11 @@ def _kernel_args(spec, buffers):
     return names + [f"s{j}" for j, _ in buffers]
 
 
-def _wrapper_body(spec, buffers, serial=False):
-    """``run``'s code: the domain's dims from the inputs, checked; the outputs and row
-    buffers (``buffers``: [(member, dtype)], see :func:`_emit_rows`); the call (of the
-    serial loop alone where ``serial``)."""
+def _wrapper_body(spec, buffers, serial=False, into=False):
+    """``run``'s code: the domain's dims from the inputs, checked; the outputs (given
+    where ``into``: arrays of the domain's shape) and row buffers (``buffers``:
+    [(member, dtype)], see :func:`_emit_rows`); the call (of the serial loop alone
+    where ``serial``)."""
     lines = _domain_dims(spec)
     emit = lines.append
     s, rank = spec.split, spec.rank
@@ -233,7 +244,11 @@ def _wrapper_body(spec, buffers, serial=False):
     for o, (j, kind, keepdims) in enumerate(spec.outputs):
         dt = scalar_type(spec.nodes[j][4])
         if kind == "full":
-            emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
+            if into:
+                emit(f"if o{o}.shape != {full_shape}:")
+                emit("    raise ValueError(MISMATCH)")
+            else:
+                emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
             args.append(f"o{o}" if full_as_is else f"o{o}.reshape({full_view})")
         else:
             shape = "".join(f"D{a}, " for a in range(s)) + ("1, " * spec.k if keepdims else "")

@@ -408,6 +408,7 @@ class Plan:
         order = toposort(targets)
         unit_of = partition(order, targets)
         self.windows = _windows(order, targets, unit_of)
+        self.consumers = consumers_of(order)
         self.steps = []
         self.kernels = []
         # the plan again, as data, for compiled code to run (compiled_plan.py):
@@ -479,7 +480,10 @@ class Plan:
             names[ph.id] = f"p{i}"
             fresh[ph.id] = False
             args.append(f"p{i}")
-        for unit in schedule:
+        run_as_epilogue = set()  # ids of groups run inside the library step before them
+        for k, unit in enumerate(schedule):
+            if id(unit) in run_as_epilogue:
+                continue
             if isinstance(unit, Group):
                 self._emit_group(unit, value_of, names, ns, lines, new_name)
                 for out in unit.outputs:
@@ -488,6 +492,12 @@ class Plan:
             node = unit
             if node.id in self.windows:
                 continue  # read in place by the kernels that use it
+            following = schedule[k + 1] if k + 1 < len(schedule) else None
+            if isinstance(following, Group) and self._emit_with_epilogue(
+                    node, following, value_of, names, ns, lines, new_name):
+                run_as_epilogue.add(id(following))
+                fresh[following.outputs[0].id] = True
+                continue
             call = ", ".join(value_of(i) for i in node.inputs)
             fname, name = new_name("L"), new_name("v")
             ns[fname] = library_call(node)
@@ -509,13 +519,46 @@ class Plan:
         exec(compile(self.source, "<numbackend plan>", "exec"), ns)  # noqa: S102 - our own source
         self.run = ns["plan"]
 
+    def _emit_with_epilogue(self, node, g, value_of, names, ns, lines, new_name):
+        """Emit library ``node`` with group ``g`` as its epilogue (see Op.epilogue),
+        run on each block of its result's rows while in cache; False, emitting
+        nothing, where g cannot run so: it must read nothing but node's result in
+        full and values along the last axis or scalars, and be node's only reader."""
+        if (not OPS[node.op].epilogue or g.k or len(g.outputs) != 1
+                or node.id in self.windows or any(t is node for t in self.targets)):
+            return False
+        out = g.outputs[0]
+        members = {m.id: j for j, m in enumerate(g.members)}
+        inputs = _group_inputs(g)
+        if (out.shape != node.shape or out.dtype != node.dtype or node.ndim < 2
+                or node.dtype not in ("float32", "float64")
+                or any(c.id not in members for c in self.consumers.get(node.id, []))
+                or any(t.id in self.windows for t in inputs)
+                or not all(_fusible_dtype(x.dtype) for x in inputs + g.members)):
+            return False
+        split, patterns, flat = layout(g, inputs)
+        position = _index(inputs, node)
+        if (patterns[position] != "F" or (not flat and split != len(g.domain) - 1)
+                or any(p not in ("C", "S") for j, p in enumerate(patterns) if j != position)):
+            return False
+        # the kernel over (rows, last axis) blocks: rank 2, split after the rows
+        spec = _kernel_spec(g, inputs, members, 1, patterns, flat, {},
+                            ranks=[{"F": 2, "C": 1, "S": 0}[p] for p in patterns])
+        module = codegen.load_kernel(codegen.generate_source(spec))
+        others = [value_of(t) for j, t in enumerate(inputs) if j != position]
+        call, name = new_name("L"), new_name("v")
+        ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs))
+        lines.append(f"{name} = {call}({', '.join([value_of(i) for i in node.inputs] + others)})")
+        names[out.id] = name
+        self.program.append(("unsupported", "a library step with an element-wise epilogue"))
+        self.kernels.append(module)
+        self.steps.append(Step("library", f"{node.op}+fused[{module.KEY[:8]}]",
+                               [node] + list(g.members), [out], module))
+        return True
+
     def _emit_group(self, g, value_of, names, ns, lines, new_name):
         members = {m.id: j for j, m in enumerate(g.members)}
-        inputs = []
-        for m in g.members:
-            for i in m.inputs:
-                if i.id not in members and all(i is not x for x in inputs):
-                    inputs.append(i)
+        inputs = _group_inputs(g)
         windows = {j: self.windows[t.id] for j, t in enumerate(inputs) if t.id in self.windows}
         kernel_args, in_names = [], []
         for t in inputs:
@@ -631,9 +674,56 @@ def _windows(order, targets, unit_of):
     return windows
 
 
-def _kernel_spec(g, inputs, members, split, patterns, flat, windows):
-    """The canonical description of a group's kernel (see codegen.KernelSpec)."""
-    spec_inputs = [(p, len(t.shape), t.dtype) for p, t in zip(patterns, inputs)]
+def _group_inputs(g):
+    """The values a group reads from outside it, in order of first use."""
+    members = {m.id for m in g.members}
+    inputs = []
+    for m in g.members:
+        for i in m.inputs:
+            if i.id not in members and all(i is not x for x in inputs):
+                inputs.append(i)
+    return inputs
+
+
+class _EpilogueMismatch(Exception):
+    """Run-time shapes that the epilogue's kernel was not compiled for."""
+
+
+def _library_with_epilogue(node, module, patterns, position, fallback):
+    """A plan step's callable for library ``node`` running a group's kernel as its
+    epilogue: ``call(*node_inputs, *group_inputs_but_node)``.  Run-time shapes
+    the kernel does not take (a last axis of another length) run the node, then
+    the group with NumPy."""
+    impl = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    own = len(node.inputs)
+
+    def call(*arrays):
+        group_inputs = list(arrays[own:])
+        group_inputs.insert(position, None)
+        args = [None if j == position else
+                (np.asarray(a).reshape(-1)[0] if p == "S" else np.asarray(a).reshape(-1))
+                for j, (a, p) in enumerate(zip(group_inputs, patterns))]
+
+        def epilogue(block, out):  # may run on several threads at once
+            if any(p == "C" and a.shape[0] != block.shape[1] for a, p in zip(args, patterns)):
+                raise _EpilogueMismatch
+            block_args = list(args)
+            block_args[position] = block
+            module.run_serial_into(*block_args, out)
+
+        try:
+            return impl(*arrays[:own], epilogue=epilogue)
+        except _EpilogueMismatch:
+            group_inputs[position] = impl(*arrays[:own])
+            return fallback(*group_inputs)[0]
+    return call
+
+
+def _kernel_spec(g, inputs, members, split, patterns, flat, windows, ranks=None):
+    """The canonical description of a group's kernel (see codegen.KernelSpec);
+    ``ranks``, where given, are those of the input arrays and the domain's is 2."""
+    spec_inputs = [(p, len(t.shape) if ranks is None else r, t.dtype)
+                   for p, t, r in zip(patterns, inputs, ranks or patterns)]
     spec_nodes = []
     for m in g.members:
         refs = [("node", members[i.id]) if i.id in members else ("in", _index(inputs, i))
@@ -650,8 +740,8 @@ def _kernel_spec(g, inputs, members, split, patterns, flat, windows):
             spec_outputs.append((members[out.id], "reduced", out.attrs["keepdims"]))
         else:
             spec_outputs.append((members[out.id], "full", False))
-    return codegen.KernelSpec(len(g.domain), split, g.k, flat, spec_inputs, spec_nodes,
-                              spec_outputs, windows)
+    return codegen.KernelSpec(len(g.domain) if ranks is None else 2, split, g.k, flat, spec_inputs,
+                              spec_nodes, spec_outputs, windows)
 
 
 def _numpy_group(g, inputs):

@@ -29,7 +29,7 @@ OPS = {}
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
                  reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
-                 computed_by=None):
+                 computed_by=None, epilogue=False):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -45,6 +45,11 @@ class Op:
         # (multi-output op, index): the same value is that op's item on the same
         # inputs; a graph that computes that op anyway reads it from there
         self.computed_by = computed_by
+        # impl takes epilogue=f: f(block, out) is called with each block of the
+        # result's rows, (rows, last axis), as it is computed, and writes their final
+        # values into out, the result's view; the compiler passes an element-wise
+        # group that reads the result this way
+        self.epilogue = epilogue
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -426,9 +431,10 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 # Library ops: one plan step each, NumPy/BLAS or jit_kernels
 
 
-def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None):
+def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None,
+            epilogue=False):
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
-                       multi_output=multi_output, computed_by=computed_by))
+                       multi_output=multi_output, computed_by=computed_by, epilogue=epilogue))
 
 
 # One output of a multi-output node (whose value is a tuple); autodiff gathers
@@ -1310,9 +1316,9 @@ def _conv_infer(inputs, attrs):
         _conv_dtype(inputs)
 
 
-def _conv(x, w, strides, padding, dilation):
+def _conv(x, w, strides, padding, dilation, epilogue=None):
     from jit_kernels import conv
-    return conv.conv_forward(x, w, strides, padding, dilation)
+    return conv.conv_forward(x, w, strides, padding, dilation, epilogue)
 
 
 def _conv_grad(g, n):
@@ -1377,7 +1383,7 @@ def _conv_backward_kernel_grad(g, n):
     return [gx, apply("conv", x, g, **a)]
 
 
-library("conv", _conv_infer, _conv, grad=_conv_grad)
+library("conv", _conv_infer, _conv, grad=_conv_grad, epilogue=True)
 library("conv_backward_input", _conv_backward_input_infer, _conv_backward_input,
         grad=_conv_backward_input_grad)
 library("conv_backward_kernel", _conv_backward_kernel_infer, _conv_backward_kernel,

@@ -331,6 +331,73 @@ def test_unknown_spatial_dims_and_float32():
                                              (1, 1)), rtol=1e-4, atol=1e-4)
 
 
+# ---------------------------------------------------------------------------
+# Element-wise work after a convolution runs on each block of its output rows
+
+
+def _epilogue_function(build, x, *others, dtype="float64"):
+    holders = [K.placeholder((None,) + a.shape[1:], dtype=dtype) for a in (x,) + others]
+    f = K.function(holders, [build(*holders)])
+    return f, f([x] + list(others))[0]
+
+
+@pytest.mark.parametrize("kernel", [(3, 3), (1, 1)])  # im2col, and one product
+def test_conv_epilogue_bias_and_relu(kernel):
+    x, w, b = rand(3, 7, 6, 3), rand(*kernel, 3, 5), rand(5)
+    f, got = _epilogue_function(
+        lambda x: K.relu(K.bias_add(K.conv2d(x, K.variable(w, dtype="float64"), padding="same"), K.variable(b, dtype="float64"))), x)
+    assert "conv+fused" in f.explain() and len(f.explain().splitlines()) == 1
+    want = np.maximum(ref_conv(x, w, (1, 1), "same", (1, 1)) + b, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_epilogue_scalars_flat_and_float32():
+    x, w = rand(2, 6, 5, 3).astype("float32"), rand(3, 3, 3, 4).astype("float32")
+    scale = K.variable(np.array([0.5], "float32"))
+    f, got = _epilogue_function(lambda x: K.tanh(K.conv2d(x, K.variable(w)) * scale - 1.0), x,
+                                dtype="float32")
+    assert "conv+fused" in f.explain()
+    assert got.dtype == np.float32
+    want = np.tanh(ref_conv(x.astype(float), w.astype(float), (1, 1), "valid", (1, 1)) * 0.5 - 1)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_conv_epilogue_split_between_threads(monkeypatch):
+    from jit_kernels import conv
+    monkeypatch.setattr(conv, "_COLUMN_CHUNK_BYTES", 1)  # one image a chunk: 5 chunks, in parts
+    x, w, b = rand(5, 6, 7, 2), rand(3, 3, 2, 4), rand(4)
+    f, got = _epilogue_function(lambda x: K.relu(K.conv2d(x, K.variable(w, dtype="float64")) + K.variable(b, dtype="float64")), x)
+    assert "conv+fused" in f.explain()
+    want = np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) + b, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_epilogue_takes_a_bias_broadcasting_only_at_run_time():
+    # a bias of unknown length compiles as one value per channel; fed one value,
+    # the step runs the convolution and then the group with NumPy
+    x, w = rand(2, 5, 5, 2), rand(3, 3, 2, 3)
+    f, _ = _epilogue_function(lambda x, b: K.relu(K.conv2d(x, K.variable(w, dtype="float64")) + b), x, rand(3))
+    assert "conv+fused" in f.explain()
+    conv = ref_conv(x, w, (1, 1), "valid", (1, 1))
+    for b in (rand(3), rand(1)):
+        np.testing.assert_allclose(f([x, b])[0], np.maximum(conv + b, 0), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_result_read_elsewhere_is_not_an_epilogue():
+    x, w = rand(2, 5, 5, 2), rand(3, 3, 2, 3)
+    conv = ref_conv(x, w, (1, 1), "valid", (1, 1))
+    xp = K.placeholder((None, 5, 5, 2), dtype="float64")
+    y = K.conv2d(xp, K.variable(w, dtype="float64"))
+    f = K.function([xp], [K.relu(y), y])
+    assert "conv+fused" not in f.explain()
+    relu, raw = f([x])
+    np.testing.assert_allclose(raw, conv, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(relu, np.maximum(conv, 0), rtol=1e-12, atol=1e-12)
+    g = K.function([xp], [K.relu(y) * K.sum(y, axis=-1, keepdims=True)])
+    np.testing.assert_allclose(g([x])[0], np.maximum(conv, 0) * conv.sum(-1, keepdims=True),
+                               rtol=1e-12, atol=1e-12)
+
+
 def test_static_shapes():
     x = K.placeholder((None, 3, 28, 28))
     assert K.int_shape(K.conv2d(x, K.variable(np.zeros((5, 5, 3, 8))), (2, 2), "same",

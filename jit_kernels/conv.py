@@ -395,10 +395,10 @@ def _add_columns(cols, first, dx5, g):
     _launch(_col2im, cols.size, cols, first, dx5, g.kernel, g.stride, g.dilation, g.pad, g.out)
 
 
-def _chunk_images(g, patch, itemsize):
-    """How many images per im2col chunk."""
+def _chunk_images(g, width, itemsize):
+    """How many images per im2col chunk, whose rows are ``width`` values wide."""
     positions = g.out[0] * g.out[1] * g.out[2]
-    return max(1, _COLUMN_CHUNK_BYTES // max(1, positions * patch * itemsize))
+    return max(1, _COLUMN_CHUNK_BYTES // max(1, positions * width * itemsize))
 
 
 def _is_pointwise(g):
@@ -427,7 +427,10 @@ def _columns_times(x5, g, w2, y2, epilogue=None):
     y2) with each chunk's product; y2 is (N*P, OC)."""
     batch, patch = x5.shape[0], w2.shape[0]
     positions = y2.shape[0] // batch
-    chunk = _chunk_images(g, patch, x5.itemsize)
+    # with an epilogue, its block of products stays in cache too (mnist_cnn's first
+    # layer: 9 taps, 32 channels)
+    width = patch if epilogue is None else max(patch, y2.shape[1])
+    chunk = _chunk_images(g, width, x5.itemsize)
     patches = _patches(x5, g)
 
     def run(lo, hi):

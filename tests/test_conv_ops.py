@@ -383,6 +383,18 @@ def test_conv_epilogue_takes_a_bias_broadcasting_only_at_run_time():
         np.testing.assert_allclose(f([x, b])[0], np.maximum(conv + b, 0), rtol=1e-12, atol=1e-12)
 
 
+def test_conv_epilogue_of_integers_and_float32_is_float64():
+    # NumPy's promotion, as for every op: the epilogue writes the conv's own dtype
+    x, w = RNG.integers(-3, 4, (2, 5, 5, 2)).astype("int32"), rand(3, 3, 2, 3).astype("float32")
+    xp = K.placeholder((None, 5, 5, 2), dtype="int32")
+    y = K.relu(K.conv2d(xp, K.variable(w)) + 1.0)
+    f = K.function([xp], [y])
+    got = f([x])[0]
+    assert "conv+fused" in f.explain() and got.dtype == np.float64 and K.dtype(y) == "float64"
+    want = np.maximum(ref_conv(x.astype(float), w.astype(float), (1, 1), "valid", (1, 1)) + 1, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_result_read_elsewhere_is_not_an_epilogue():
     x, w = rand(2, 5, 5, 2), rand(3, 3, 2, 3)
     conv = ref_conv(x, w, (1, 1), "valid", (1, 1))

@@ -149,7 +149,7 @@ def work_per_element(spec):
     return 1 + 3 * calls
 
 
-def generate_source(spec):
+def generate_source(spec, into=False):
     """Python source of a kernel module.
 
     ``run(x0, x1, ...)`` takes the group's inputs as they are, checks their shapes
@@ -158,9 +158,11 @@ def generate_source(spec):
     1-D/2-D views of exactly the sizes the loops index.  The Numba entry points
     only loop: no allocation, reshaping or raising, which cut their compile time
     2-3x (those lower through Numba's array-construction code).  ``run_serial``
-    is ``run`` on one thread, compiled; where every output is element-wise,
-    ``run_serial_into(x0, ..., o0, ...)`` writes them into arrays of the domain's
-    shape (which may be inputs: each element is read before it is written)."""
+    is ``run`` on one thread, compiled.  Where ``into`` (every output element-wise),
+    ``run_serial_into(x0, ..., o0, ...)`` also writes them into arrays of the
+    domain's shape (which may be inputs: each element is read before it is
+    written); only where asked, since each entry point costs its module's load
+    about 0.2 ms."""
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
@@ -184,7 +186,7 @@ def generate_source(spec):
     emit("@njit_cached()")
     emit(f"def run_serial({', '.join(f'x{i}' for i in range(n_in))}):")
     lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True))
-    if all(kind == "full" for _, kind, _ in spec.outputs):
+    if into:
         emit("")
         emit("")
         emit("@njit_cached()")

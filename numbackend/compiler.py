@@ -407,8 +407,8 @@ class Plan:
         self.targets = targets
         order = toposort(targets)
         unit_of = partition(order, targets)
-        self.windows = _windows(order, targets, unit_of)
         self.consumers = consumers_of(order)
+        self.windows = _windows(order, targets, unit_of, self.consumers)
         self.steps = []
         self.kernels = []
         # the plan again, as data, for compiled code to run (compiled_plan.py):
@@ -541,10 +541,8 @@ class Plan:
         if (patterns[position] != "F" or (not flat and split != len(g.domain) - 1)
                 or any(p not in ("C", "S") for j, p in enumerate(patterns) if j != position)):
             return False
-        # the kernel over (rows, last axis) blocks: rank 2, split after the rows
-        spec = _kernel_spec(g, inputs, members, 1, patterns, flat, {},
-                            ranks=[{"F": 2, "C": 1, "S": 0}[p] for p in patterns])
-        module = codegen.load_kernel(codegen.generate_source(spec))
+        spec = _kernel_spec(g, inputs, members, 1, patterns, flat, {}, on_rows=True)
+        module = codegen.load_kernel(codegen.generate_source(spec, into=True))
         others = [value_of(t) for j, t in enumerate(inputs) if j != position]
         call, name = new_name("L"), new_name("v")
         ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs))
@@ -657,11 +655,10 @@ def _window_of(node):
     return None if window is None else (window[0], window[1] - window[0])
 
 
-def _windows(order, targets, unit_of):
+def _windows(order, targets, unit_of, consumers):
     """The last-axis slices every consumer of which is a kernel over the slice's own
     shape: {node id: (offset, width)}; those kernels read the slice in place."""
     target_ids = {t.id for t in targets}
-    consumers = consumers_of(order)
     windows = {}
     for node in order:
         window = _window_of(node)
@@ -719,11 +716,12 @@ def _library_with_epilogue(node, module, patterns, position, fallback):
     return call
 
 
-def _kernel_spec(g, inputs, members, split, patterns, flat, windows, ranks=None):
-    """The canonical description of a group's kernel (see codegen.KernelSpec);
-    ``ranks``, where given, are those of the input arrays and the domain's is 2."""
-    spec_inputs = [(p, len(t.shape) if ranks is None else r, t.dtype)
-                   for p, t, r in zip(patterns, inputs, ranks or patterns)]
+def _kernel_spec(g, inputs, members, split, patterns, flat, windows, on_rows=False):
+    """The canonical description of a group's kernel (see codegen.KernelSpec).
+    ``on_rows``: over (rows, last axis) blocks of the domain instead, rank 2, its
+    inputs 'F' blocks, 'C' vectors and 'S' scalars."""
+    spec_inputs = [(p, {"F": 2, "C": 1, "S": 0}[p] if on_rows else len(t.shape), t.dtype)
+                   for p, t in zip(patterns, inputs)]
     spec_nodes = []
     for m in g.members:
         refs = [("node", members[i.id]) if i.id in members else ("in", _index(inputs, i))
@@ -740,7 +738,7 @@ def _kernel_spec(g, inputs, members, split, patterns, flat, windows, ranks=None)
             spec_outputs.append((members[out.id], "reduced", out.attrs["keepdims"]))
         else:
             spec_outputs.append((members[out.id], "full", False))
-    return codegen.KernelSpec(len(g.domain) if ranks is None else 2, split, g.k, flat, spec_inputs,
+    return codegen.KernelSpec(2 if on_rows else len(g.domain), split, g.k, flat, spec_inputs,
                               spec_nodes, spec_outputs, windows)
 
 

@@ -8,8 +8,11 @@ spatial rank 1, 2 or 3.  Convolution is cross-correlation (no kernel flip).
 How the work is split: a convolution is im2col (NumPy's strided copy of
 the input windows) and a matrix product through NumPy's BLAS (``np.matmul``
 called from Python, because ``np.dot`` inside ``njit`` needs SciPy at run
-time); its input gradient gathers columns back with a Numba kernel.  Depthwise convolution, which has no matrix product
-worth the name, is a direct Numba loop.  Everything works on five-dimensional
+time); its input gradient gathers columns back with a Numba kernel.  A
+convolution over small windows (a network's first layer: a few input
+channels), whose product would have too few columns for BLAS to run well,
+and depthwise convolution, which has no matrix product worth the name, are
+direct Numba loops.  Everything works on five-dimensional
 arrays ``(N, D, H, W, C)``: rank 1 and 2 inputs get leading singleton spatial
 axes (kernel size 1, stride 1, no padding there), so one kernel serves every
 rank and each compiles once per dtype.
@@ -57,6 +60,23 @@ IMAGE_PARTS_MIN_WORK = 1 << 20
 # One-channel im2col copies tap by tap from this many column rows up (see
 # _fill_columns); below, one copy of the whole window view.
 _TAPWISE_MIN_ROWS = 1024
+
+# A convolution whose windows hold at most this many values (taps x input
+# channels: 9 at mnist_cnn's first layer, 27 for 3x3 over RGB) is a direct loop
+# (_window_products) rather than im2col + BLAS, whose products with so few
+# columns run far below speed: mnist_cnn's first layer at batch 1 took 65 us
+# against 105 us, 3x3 over RGB at batch 16 0.75 ms against 2.4 ms; with 72
+# values im2col + BLAS was faster (1.6 ms against 2.1 ms at batch 16).
+DIRECT_MAX_PATCH = 36
+# ... where a row of output channels is at least this many bytes: the loop over
+# them vectorises only from four vectors on (LLVM's interleaving of four, see
+# jit_kernels/__init__.py) and runs as scalar code below that.
+DIRECT_MIN_ROW_BYTES = 128
+# window values taken in one pass of the direct loop
+_PASS_VALUES = 9
+# the direct loop's output block per chunk of images: with an epilogue, about
+# the size of a core's L2 cache
+_DIRECT_CHUNK_BYTES = 512 << 10
 
 PADDINGS = ('valid', 'same', 'causal')
 
@@ -250,6 +270,49 @@ def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
                                     target[ch] += source[col + ch]
 
 
+@njit_cached(fastmath={'contract'}, **_JIT)
+def _nine_value_products(images, offsets, w9, out, out_size, steps, accumulate):
+    """One pass of the direct convolution: for every output position (z, y, x)
+    of every image n, its row ((n*OD + z)*OH + y)*OW + x of ``out`` gets (or,
+    with ``accumulate``, adds) the sum over k < 9 of
+    ``images[n, base + offsets[k]] * w9[k]``, base being
+    ``z*steps[0] + y*steps[1] + x*steps[2]``.
+
+    Nine values in one expression keep the partial sums in registers: passes of
+    four values, each reading and writing the output row, took twice as long.
+    """
+    od, oh, ow = out_size
+    o0, o1, o2, o3, o4, o5, o6, o7, o8 = offsets
+    out_ch = out.shape[1]
+    for n in range(images.shape[0]):
+        image = images[n]
+        for z in range(od):
+            for y in range(oh):
+                first_row = ((n * od + z) * oh + y) * ow
+                for x in range(ow):
+                    base = z * steps[0] + y * steps[1] + x * steps[2]
+                    v0 = image[base + o0]
+                    v1 = image[base + o1]
+                    v2 = image[base + o2]
+                    v3 = image[base + o3]
+                    v4 = image[base + o4]
+                    v5 = image[base + o5]
+                    v6 = image[base + o6]
+                    v7 = image[base + o7]
+                    v8 = image[base + o8]
+                    r = first_row + x
+                    if accumulate:
+                        for c in range(out_ch):
+                            out[r, c] += (v0 * w9[0, c] + v1 * w9[1, c] + v2 * w9[2, c]
+                                          + v3 * w9[3, c] + v4 * w9[4, c] + v5 * w9[5, c]
+                                          + v6 * w9[6, c] + v7 * w9[7, c] + v8 * w9[8, c])
+                    else:
+                        for c in range(out_ch):
+                            out[r, c] = (v0 * w9[0, c] + v1 * w9[1, c] + v2 * w9[2, c]
+                                         + v3 * w9[3, c] + v4 * w9[4, c] + v5 * w9[5, c]
+                                         + v6 * w9[6, c] + v7 * w9[7, c] + v8 * w9[8, c])
+
+
 @njit_cached(parallel=True, **_JIT)
 def _depthwise_forward(x, w, y, stride, dilation, pad):
     """y[..., c*M + m] = sum over taps of x[..., c] * w[tap, c, m]; w is (KD, KH, KW, C, M)."""
@@ -349,19 +412,26 @@ def _depthwise_backward_kernel(x, dy, dw, stride, dilation, pad):
 # ---------------------------------------------------------------------------
 # Column-matrix helpers shared by the convolutions.
 
+def _padded(x5, g):
+    """x5, or where the windows reach into the padding a zero-padded copy of it
+    (cut to what the windows reach)."""
+    reach = tuple((o - 1) * s + (k - 1) * d + 1
+                  for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
+    if not any(g.pad) and all(r <= size for r, size in zip(reach, g.size)):
+        return x5
+    padded = np.zeros(x5.shape[:1] + reach + x5.shape[-1:], x5.dtype)
+    inside = [min(size, r - p) for size, r, p in zip(g.size, reach, g.pad)]
+    target = tuple(slice(p, p + n) for p, n in zip(g.pad, inside))
+    padded[(slice(None),) + target] = x5[(slice(None),) + tuple(slice(n) for n in inside)]
+    return padded
+
+
 def _patches(x5, g):
     """Read-only strided view (N, OD, OH, OW, KD, KH, KW, C) of the windows of
     x5 (N, D, H, W, C); when the windows reach into the padding, of a zero-
     padded copy.  Copied into a (N*P, taps*C) buffer this is im2col: NumPy's
     strided copy measured 2-5x faster than a Numba loop doing the same."""
-    reach = tuple((o - 1) * s + (k - 1) * d + 1
-                  for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
-    if any(g.pad) or any(r > size for r, size in zip(reach, g.size)):
-        padded = np.zeros(x5.shape[:1] + reach + x5.shape[-1:], x5.dtype)
-        inside = [min(size, r - p) for size, r, p in zip(g.size, reach, g.pad)]
-        target = tuple(slice(p, p + n) for p, n in zip(g.pad, inside))
-        padded[(slice(None),) + target] = x5[(slice(None),) + tuple(slice(n) for n in inside)]
-        x5 = padded
+    x5 = _padded(x5, g)
     spatial = x5.strides[1:4]
     strides = (x5.strides[:1] + tuple(s * k for s, k in zip(spatial, g.stride))
                + tuple(s * d for s, d in zip(spatial, g.dilation)) + x5.strides[4:])
@@ -450,6 +520,65 @@ def _columns_times(x5, g, w2, y2, epilogue=None):
     _in_image_parts(batch, chunk, run)
 
 
+def _uses_window_products(patch, out_ch, itemsize):
+    return patch <= DIRECT_MAX_PATCH and out_ch * itemsize >= DIRECT_MIN_ROW_BYTES
+
+
+@functools.lru_cache(maxsize=256)
+def _window_passes(g, image_shape):
+    """(offsets, steps) of :func:`_window_products` over padded images of shape
+    ``image_shape`` (D, H, W, C): the window values' offsets in an image, nine
+    per pass (the last pass's missing ones one image size on), and the offset
+    steps between output positions along D, H and W.  Cached: worked out in
+    Python it costs more than the loop over a small image."""
+    size = int(np.prod(image_shape))
+    step = (image_shape[1] * image_shape[2] * image_shape[3], image_shape[2] * image_shape[3],
+            image_shape[3])
+    values = [sum(t * d * e for t, d, e in zip(tap, g.dilation, step)) + ch
+              for tap in np.ndindex(*g.kernel) for ch in range(image_shape[3])]
+    values += [size] * (-len(values) % _PASS_VALUES)
+    offsets = tuple(tuple(values[i:i + _PASS_VALUES]) for i in range(0, len(values), _PASS_VALUES))
+    return offsets, tuple(s * e for s, e in zip(g.stride, step))
+
+
+def _window_products(x5, g, w2, y2, epilogue=None):
+    """What :func:`_columns_times` computes, as a direct loop without columns:
+    passes of :func:`_nine_value_products` over the window values nine at a time.
+
+    Each image is copied (padded where the windows reach into the padding) into
+    the first half of a row of zeros twice its size: the last pass reads the
+    values it lacks from an offset of one image size, always a zero, so that
+    an inf or NaN elsewhere never meets their zero weights.
+    """
+    batch, (patch, out_ch) = x5.shape[0], w2.shape
+    padded = _padded(x5, g)
+    size = padded[0].size
+    offsets, steps = _window_passes(g, padded.shape[1:])
+    weights = w2
+    if patch % _PASS_VALUES:
+        weights = np.zeros((len(offsets) * _PASS_VALUES, out_ch), w2.dtype)
+        weights[:patch] = w2
+    positions = y2.shape[0] // batch
+    chunk = max(1, _DIRECT_CHUNK_BYTES // (positions * out_ch * x5.itemsize))
+
+    def run(lo, hi):
+        images = np.zeros((min(chunk, hi - lo), 2 * size), x5.dtype)
+        if epilogue is not None:
+            block = np.empty((images.shape[0] * positions, out_ch), y2.dtype)
+        for first in range(lo, hi, chunk):
+            count = min(chunk, hi - first)
+            images[:count, :size] = padded[first:first + count].reshape(count, size)
+            out = y2[first * positions:(first + count) * positions]
+            target = out if epilogue is None else block[:count * positions]
+            for k, nine in enumerate(offsets):
+                nine_weights = weights[k * _PASS_VALUES:(k + 1) * _PASS_VALUES]
+                _nine_value_products(images[:count], nine, nine_weights, target, g.out, steps, k > 0)
+            if epilogue is not None:
+                epilogue(target, out)
+
+    _in_image_parts(batch, chunk, run)
+
+
 def _gradient_to_columns(dy2, w2t, g, dx5):
     """dx5 = col2im(dy2 @ w2t) chunk by chunk; dy2 is (N*P, OC), w2t (OC, taps*C)."""
     batch, patch = dx5.shape[0], w2t.shape[1]
@@ -506,11 +635,11 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
     batch, channels, out_ch = x.shape[0], x.shape[-1], w.shape[-1]
     y = np.empty(_out_shape(g, batch, out_ch), x.dtype)
     w2 = w.reshape(-1, out_ch)
-    # A 1x1 kernel is one product, the rest goes through im2col.  Even with
-    # in_ch=1 (mnist_cnn's first layer: 9 values per output) im2col + BLAS
-    # measured faster than a direct Numba loop over output channels (1.9 ms
-    # against 2.8 ms at batch 64, one thread; 0.8 ms since im2col is NumPy's
-    # copy).  Winograd F(2x2, 3x3) gained only 1.1-1.2x on mnist_cnn's second
+    # A 1x1 kernel is one product; small windows (DIRECT_MAX_PATCH) a direct
+    # loop, whose sums over nine window values at a time stay in registers (a
+    # loop adding one tap at a time into the output, 2.8 ms at mnist_cnn's first
+    # layer, batch 64, lost to im2col's 1.9 ms); the rest goes through im2col.
+    # Winograd F(2x2, 3x3) gained only 1.1-1.2x on mnist_cnn's second
     # layer over this im2col, and lost at some batch sizes (its 16 thin
     # products per chunk), so it is not used.
     if _is_pointwise(g):
@@ -518,6 +647,8 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
             np.matmul(x.reshape(-1, channels), w2, out=y.reshape(-1, out_ch))
         else:
             epilogue(np.matmul(x.reshape(-1, channels), w2), y.reshape(-1, out_ch))
+    elif _uses_window_products(w2.shape[0], out_ch, x.itemsize):
+        _window_products(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
     else:
         _columns_times(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
     return y

@@ -351,6 +351,23 @@ def test_conv_epilogue_bias_and_relu(kernel):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_conv_epilogue_after_the_direct_loop(monkeypatch):
+    # mnist_cnn's first layer: 9 values a window, 32 float32 channels, in chunks of
+    # one image, each through bias + relu
+    from jit_kernels import conv
+    passes = []
+    kernel = conv._nine_value_products
+    monkeypatch.setattr(conv, "_nine_value_products", lambda *a: passes.append(1) or kernel(*a))
+    monkeypatch.setattr(conv, "_DIRECT_CHUNK_BYTES", 1)
+    x, w, b = rand(3, 8, 7, 1).astype("float32"), rand(3, 3, 1, 32).astype("float32"), rand(32)
+    f, got = _epilogue_function(
+        lambda x: K.relu(K.bias_add(K.conv2d(x, K.variable(w)), K.variable(b.astype("float32")))), x,
+        dtype="float32")
+    assert "conv+fused" in f.explain() and passes == [1] * 3 and got.dtype == np.float32
+    want = np.maximum(ref_conv(x.astype(float), w.astype(float), (1, 1), "valid", (1, 1)) + b, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
 def test_conv_epilogue_scalars_flat_and_float32():
     x, w = rand(2, 6, 5, 3).astype("float32"), rand(3, 3, 3, 4).astype("float32")
     scale = K.variable(np.array([0.5], "float32"))

@@ -191,6 +191,85 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
+@pytest.fixture
+def direct_passes(monkeypatch):
+    """Every convolution with a window of up to 72 values runs the direct loop;
+    yields the list of its passes (``accumulate`` flags)."""
+    passes = []
+    kernel = conv._nine_value_products
+
+    def counted(images, offsets, w9, out, out_size, steps, accumulate):
+        passes.append(accumulate)
+        return kernel(images, offsets, w9, out, out_size, steps, accumulate)
+
+    monkeypatch.setattr(conv, 'DIRECT_MAX_PATCH', 72)
+    monkeypatch.setattr(conv, 'DIRECT_MIN_ROW_BYTES', 0)
+    monkeypatch.setattr(conv, '_nine_value_products', counted)
+    return passes
+
+
+@pytest.mark.parametrize('x_shape, w_shape, strides, padding, dilation',
+                         [c for c in CONV_CASES if c[1][:-2] != (1,) * (len(c[1]) - 2)])
+def test_conv_direct_loop(direct_passes, x_shape, w_shape, strides, padding, dilation):
+    """The direct loop over small windows: ranks 1-3, paddings, strides,
+    dilations, windows of 3 to 72 values (one pass of nine, several, a last
+    pass padded with zero weights)."""
+    x, w = random(x_shape), random(w_shape)
+    y = conv.conv_forward(x, w, strides, padding, dilation)
+    patch = int(np.prod(w_shape[:-1]))
+    assert direct_passes == [False] + [True] * (-(-patch // 9) - 1)
+    np.testing.assert_allclose(y, reference_conv(x, w, strides, padding, dilation),
+                               rtol=1e-12, atol=1e-12)
+
+
+def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
+    """The values a last pass lacks are read as zeros times zero weights, never
+    as input values: an inf in the input makes inf only where a window covers
+    it (a zero weight times that inf would make NaN)."""
+    x, w = random((2, 6, 7, 1)), np.abs(random((1, 5, 1, 3))) + 0.5  # 5 values a window
+    x[0, 2, 2, 0] = np.inf  # in three windows, the first value of one
+    y = conv.conv_forward(x, w, 1, 'valid')
+    assert direct_passes == [False]
+    expected = reference_conv(x, w, 1, 'valid', 1)
+    assert np.isinf(expected).sum() == 3 * 3 and not np.isnan(expected).any()  # 3 windows
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads):
+    """Chunks of one image, split between threads, each block through the
+    epilogue into its own rows of the result."""
+    x, w, bias = random((5, 7, 6, 2)), random((3, 3, 2, 4)), random(4)
+    blocks = []
+
+    def epilogue(block, out):
+        blocks.append(block.shape[0])
+        np.maximum(block + bias, 0, out=out)
+
+    monkeypatch.setattr(conv, '_DIRECT_CHUNK_BYTES', 1)
+    monkeypatch.setattr(blas, 'threads', lambda: threads)
+    monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
+    y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
+    assert blocks == [42] * 5 and direct_passes == [False, True] * 5
+    expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
+    """With the default limits mnist_cnn's first layer (9 values a window, 32
+    float32 channels) runs the direct loop, its second (288 values) im2col."""
+    taken = []
+    kernel = conv._nine_value_products
+    monkeypatch.setattr(conv, '_nine_value_products', lambda *a: taken.append(1) or kernel(*a))
+    x, w = random((2, 10, 9, 1), np.float32), random((3, 3, 1, 32), np.float32)
+    y = conv.conv_forward(x, w)
+    assert taken == [1] and y.dtype == np.float32
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
+    conv.conv_forward(random((2, 10, 9, 32), np.float32), random((3, 3, 32, 32), np.float32))
+    assert taken == [1]
+
+
 @pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 1)])
 def test_conv_float32(kernel, channels):
     """float32 in, float32 out, through im2col (one and several channels)

@@ -520,8 +520,10 @@ def _columns_times(x5, g, w2, y2, epilogue=None):
     _in_image_parts(batch, chunk, run)
 
 
-def _uses_window_products(patch, out_ch, itemsize):
-    return patch <= DIRECT_MAX_PATCH and out_ch * itemsize >= DIRECT_MIN_ROW_BYTES
+def _uses_window_products(patch, out_ch, dtype):
+    # float16 has no vector arithmetic in Numba: it stays with NumPy's matmul
+    return (patch <= DIRECT_MAX_PATCH and out_ch * dtype.itemsize >= DIRECT_MIN_ROW_BYTES
+            and dtype in (np.float32, np.float64))
 
 
 @functools.lru_cache(maxsize=256)
@@ -647,7 +649,7 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
             np.matmul(x.reshape(-1, channels), w2, out=y.reshape(-1, out_ch))
         else:
             epilogue(np.matmul(x.reshape(-1, channels), w2), y.reshape(-1, out_ch))
-    elif _uses_window_products(w2.shape[0], out_ch, x.itemsize):
+    elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
         _window_products(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
     else:
         _columns_times(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)

@@ -268,6 +268,11 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
     conv.conv_forward(random((2, 10, 9, 32), np.float32), random((3, 3, 32, 32), np.float32))
     assert taken == [1]
+    # float16, which Numba's loops do not take, through im2col and NumPy's matmul
+    x, w = random((2, 10, 9, 1), np.float16), random((3, 3, 1, 64), np.float16)
+    y = conv.conv_forward(x, w)
+    assert taken == [1] and y.dtype == np.float16
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=2e-2, atol=2e-2)
 
 
 @pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 1)])

@@ -465,10 +465,14 @@ def _add_columns(cols, first, dx5, g):
     _launch(_col2im, cols.size, cols, first, dx5, g.kernel, g.stride, g.dilation, g.pad, g.out)
 
 
+def _positions(g):
+    """Output positions per image (rows of the column matrix per image)."""
+    return g.out[0] * g.out[1] * g.out[2]
+
+
 def _chunk_images(g, width, itemsize):
     """How many images per im2col chunk, whose rows are ``width`` values wide."""
-    positions = g.out[0] * g.out[1] * g.out[2]
-    return max(1, _COLUMN_CHUNK_BYTES // max(1, positions * width * itemsize))
+    return max(1, _COLUMN_CHUNK_BYTES // max(1, _positions(g) * width * itemsize))
 
 
 def _is_pointwise(g):
@@ -496,7 +500,7 @@ def _columns_times(x5, g, w2, y2, epilogue=None):
     """y2 = im2col(x5) @ w2 chunk by chunk, or where given epilogue(block, rows of
     y2) with each chunk's product; y2 is (N*P, OC)."""
     batch, patch = x5.shape[0], w2.shape[0]
-    positions = y2.shape[0] // batch
+    positions = _positions(g)
     # with an epilogue, its block of products stays in cache too (mnist_cnn's first
     # layer: 9 taps, 32 channels)
     width = patch if epilogue is None else max(patch, y2.shape[1])
@@ -554,13 +558,13 @@ def _window_products(x5, g, w2, y2, epilogue=None):
     """
     batch, (patch, out_ch) = x5.shape[0], w2.shape
     padded = _padded(x5, g)
-    size = padded[0].size
+    size = int(np.prod(padded.shape[1:]))
     offsets, steps = _window_passes(g, padded.shape[1:])
     weights = w2
     if patch % _PASS_VALUES:
         weights = np.zeros((len(offsets) * _PASS_VALUES, out_ch), w2.dtype)
         weights[:patch] = w2
-    positions = y2.shape[0] // batch
+    positions = _positions(g)
     chunk = max(1, _DIRECT_CHUNK_BYTES // (positions * out_ch * x5.itemsize))
 
     def run(lo, hi):
@@ -584,7 +588,7 @@ def _window_products(x5, g, w2, y2, epilogue=None):
 def _gradient_to_columns(dy2, w2t, g, dx5):
     """dx5 = col2im(dy2 @ w2t) chunk by chunk; dy2 is (N*P, OC), w2t (OC, taps*C)."""
     batch, patch = dx5.shape[0], w2t.shape[1]
-    positions = dy2.shape[0] // batch
+    positions = _positions(g)
     chunk = _chunk_images(g, patch, dx5.itemsize)
 
     def run(lo, hi):
@@ -600,7 +604,7 @@ def _gradient_to_columns(dy2, w2t, g, dx5):
 def _columns_transposed_times(x5, g, dy2, patch):
     """im2col(x5).T @ dy2, summed over batch chunks: (taps*C, OC)."""
     batch = x5.shape[0]
-    positions = dy2.shape[0] // batch
+    positions = _positions(g)
     chunk = _chunk_images(g, patch, x5.itemsize)
     patches = _patches(x5, g)
 

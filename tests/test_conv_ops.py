@@ -368,6 +368,13 @@ def test_conv_epilogue_after_the_direct_loop(monkeypatch):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_conv_of_an_empty_batch():
+    x, w = np.zeros((0, 6, 5, 1), "float32"), rand(3, 3, 1, 32).astype("float32")
+    _, got = _epilogue_function(lambda x: K.relu(K.conv2d(x, K.variable(w)) + 1.0), x,
+                                dtype="float32")
+    assert got.shape == (0, 4, 3, 32) and got.dtype == np.float32
+
+
 def test_conv_epilogue_scalars_flat_and_float32():
     x, w = rand(2, 6, 5, 3).astype("float32"), rand(3, 3, 3, 4).astype("float32")
     scale = K.variable(np.array([0.5], "float32"))

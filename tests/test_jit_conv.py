@@ -293,6 +293,18 @@ def test_conv_float32(kernel, channels):
     np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-4)
 
 
+@pytest.mark.parametrize('kernel, out_ch', [((3, 3), 4), ((3, 3), 32), ((1, 1), 4)])
+def test_conv_of_an_empty_batch(kernel, out_ch):
+    """No images in, none out, and zero kernel gradients (im2col, the direct loop,
+    the 1x1 product)."""
+    x, w = np.zeros((0, 6, 7, 2), np.float32), random(kernel + (2, out_ch), np.float32)
+    y = conv.conv_forward(x, w, 1, 'same')
+    assert y.shape == (0, 6, 7, out_ch) and y.dtype == np.float32
+    dx = conv.conv_backward_input(y, w, x.shape, 1, 'same')
+    dw = conv.conv_backward_kernel(x, y, w.shape, 1, 'same')
+    assert dx.shape == x.shape and dw.shape == w.shape and not dw.any()
+
+
 def test_conv_output_shape():
     assert conv.conv_output_shape((28, 28), (3, 3)) == (26, 26)
     assert conv.conv_output_shape((7, 8), (3, 3), 2, 'same') == (4, 4)

@@ -26,11 +26,10 @@ the smaller half before; 'causal' pads ``(k - 1) * dilation`` before only.
 import functools
 from collections import namedtuple
 
-import numba
 import numpy as np
 from numba import prange
 
-from . import blas, njit_cached
+from . import blas, njit_cached, njit_cached_twins
 
 _JIT = {'error_model': 'numpy', 'nogil': True}
 
@@ -181,21 +180,11 @@ def _float_arrays(*arrays):
 
 
 def _launch(kernel, work, *args):
-    """Call a ``parallel=True`` kernel, on the calling thread alone when
-    ``work`` (elements touched) is below :data:`PARALLEL_MIN_WORK`."""
+    """Call a kernel of :func:`njit_cached_twins`: its serial twin when ``work``
+    (elements touched) is below :data:`PARALLEL_MIN_WORK`."""
     if work >= PARALLEL_MIN_WORK:
         return kernel(*args)
-    return _on_one_thread(kernel, *args)
-
-
-def _on_one_thread(kernel, *args):
-    """Call a ``parallel=True`` kernel on the calling thread alone."""
-    threads = numba.get_num_threads()
-    numba.set_num_threads(1)
-    try:
-        return kernel(*args)
-    finally:
-        numba.set_num_threads(threads)
+    return kernel.serial(*args)
 
 
 def _launch_by_images(kernel, work, batched, *rest):
@@ -207,7 +196,7 @@ def _launch_by_images(kernel, work, batched, *rest):
     batch = batched[0].shape[0]
     if work < IMAGE_PARTS_MIN_WORK or min(blas.threads(), batch) < 2:
         return _launch(kernel, work, *batched, *rest)
-    _in_image_parts(batch, 1, lambda lo, hi: _on_one_thread(kernel, *(a[lo:hi] for a in batched), *rest))
+    _in_image_parts(batch, 1, lambda lo, hi: kernel.serial(*(a[lo:hi] for a in batched), *rest))
 
 
 def _check_conv(x_shape, w_shape, what):
@@ -228,7 +217,7 @@ def _check_out(g, dy_shape, what):
 # ---------------------------------------------------------------------------
 # Numba kernels.  All take 5-D arrays and 3-tuples of sizes.
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
     """Inverse of im2col: images first, ... of ``dx`` get the sum of every
     column entry (see :func:`_patches`) that was copied from them.
@@ -313,7 +302,7 @@ def _nine_value_products(images, offsets, w9, out, out_size, steps, accumulate):
                                          + v6 * w9[6, c] + v7 * w9[7, c] + v8 * w9[8, c])
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _depthwise_forward(x, w, y, stride, dilation, pad):
     """y[..., c*M + m] = sum over taps of x[..., c] * w[tap, c, m]; w is (KD, KH, KW, C, M)."""
     _, size_d, size_h, size_w, channels = x.shape
@@ -345,7 +334,7 @@ def _depthwise_forward(x, w, y, stride, dilation, pad):
                                 target[ch * mult + m] += source[ch] * taps[ch, m]
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _depthwise_backward_input(dy, w, dx, stride, dilation, pad):
     """dx of :func:`_depthwise_forward`, as a gather over input positions."""
     _, size_d, size_h, size_w, channels = dx.shape
@@ -377,7 +366,7 @@ def _depthwise_backward_input(dy, w, dx, stride, dilation, pad):
                                 target[ch] += grad[ch * mult + m] * taps[ch, m]
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _depthwise_backward_kernel(x, dy, dw, stride, dilation, pad):
     """dw of :func:`_depthwise_forward`; parallel over taps, which own their slice of dw."""
     _, size_d, size_h, size_w, channels = x.shape

@@ -18,7 +18,7 @@ window of NaNs alone sends its gradient to its first position).
 import numpy as np
 from numba import prange
 
-from . import njit_cached
+from . import njit_cached, njit_cached_twins
 from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch_by_images, _out_shape, geometry
 from .reduce import maximum
 
@@ -30,7 +30,7 @@ def _window(o, stride, pad, kernel, size):
     return max(start, 0), min(start + kernel, size)
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _max_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -55,7 +55,7 @@ def _max_pool(x, y, kernel, stride, pad):
                             target[ch] = maximum(target[ch], source[ch])
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     """Scatter dy to each window's first maximum; parallel over images,
     since windows of one image may overlap.  ``dx`` is (N, D*H*W*C).
@@ -98,7 +98,7 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
                         image[where[ch] + ch] += grad[ch]
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _avg_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -123,7 +123,7 @@ def _avg_pool(x, y, kernel, stride, pad):
                 target[ch] *= scale
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _avg_pool_backward(dy, dx, kernel, stride, pad):
     """Scatter dy / window count to each window; parallel over images."""
     _, size_d, size_h, size_w, channels = dx.shape

@@ -15,7 +15,7 @@
 import numpy as np
 from numba import prange
 
-from . import njit_cached
+from . import njit_cached_twins
 from .conv import _JIT, _float_arrays, _int_tuple, _launch
 
 
@@ -54,7 +54,7 @@ def upsample_nearest_backward(dy, factors):
     return dy.reshape(_split_spatial(x_shape, factors)).sum(axis=tuple(range(2, 2 * rank + 1, 2)))
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _interpolate_axis(x, low, high, frac, y):
     """y[a, o, b] = x[a, low[o], b] + (x[a, high[o], b] - x[a, low[o], b]) * frac[o]."""
     outer, size_out, inner = y.shape
@@ -69,7 +69,7 @@ def _interpolate_axis(x, low, high, frac, y):
             target[b] = lo[b] + (hi[b] - lo[b]) * f
 
 
-@njit_cached(parallel=True, **_JIT)
+@njit_cached_twins(**_JIT)
 def _interpolate_axis_backward(dy, low, high, frac, dx):
     """Gradient of :func:`_interpolate_axis`; parallel over the outer axis,
     since several outputs scatter into the same input row."""

@@ -109,6 +109,37 @@ def test_pool_split_by_images_between_blas_threads(monkeypatch, mode):
     assert len(calls) == 2 and min(calls) >= 2
 
 
+class _ParallelForbidden:
+    """Stands in for a parallel kernel: only its serial twin may run."""
+
+    def __init__(self, kernel):
+        self.serial = kernel.serial
+
+    def __call__(self, *args):
+        raise AssertionError('the parallel kernel ran for a small pooling')
+
+
+@pytest.mark.parametrize('mode', ['max', 'avg'])
+def test_small_pooling_runs_the_serial_twin(monkeypatch, mode):
+    """Below PARALLEL_MIN_WORK the kernels' serial twins run: the same code
+    compiled without parallel=True, with cache files of their own."""
+    monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 1 << 24)
+    for name in (f'_{mode}_pool', f'_{mode}_pool_backward'):
+        kernel = getattr(pool, name)
+        assert kernel.serial.py_func.__qualname__ == f'{name}_serial'
+        monkeypatch.setattr(pool, name, _ParallelForbidden(kernel))
+    x = random((2, 7, 6, 3))
+    expected = reference_pool(x, (2, 3), (2, 2), 'same', mode)
+    forward, backward = getattr(pool, f'{mode}_pool_forward'), getattr(pool, f'{mode}_pool_backward')
+    np.testing.assert_allclose(forward(x, (2, 3), (2, 2), 'same'), expected, rtol=1e-12, atol=1e-12)
+    dy = random(expected.shape)
+    dx = backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same')
+    if mode == 'avg':  # the adjoint of the pooling's linear map
+        np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-12)
+    else:
+        assert dx.shape == x.shape and np.isclose(dx.sum(), dy.sum())
+
+
 def test_max_pool_gradient_goes_to_first_maximum():
     """Ties: the first maximum in row-major window order gets the gradient."""
     x = np.array([[1., 3., 3.],

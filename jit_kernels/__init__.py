@@ -113,7 +113,6 @@ def njit_cached_twins(**options):
         twin = _types.FunctionType(function.__code__, function.__globals__, function.__name__,
                                    function.__defaults__, function.__closure__)
         twin.__qualname__ = f"{function.__qualname__}_serial"
-        twin.__module__ = function.__module__
         parallel.serial = njit_cached(**options)(twin)
         return parallel
     return decorate

@@ -504,11 +504,10 @@ def _columns_times(x5, g, w2, y2, epilogue=None):
             rows = min(chunk, hi - first) * positions
             _fill_columns(patches, first, cols[:rows])
             out = y2[first * positions:first * positions + rows]
-            if epilogue is None:
-                np.matmul(cols[:rows], w2, out=out)
-            else:
-                np.matmul(cols[:rows], w2, out=block[:rows])
-                epilogue(block[:rows], out)
+            target = out if epilogue is None else block[:rows]
+            np.matmul(cols[:rows], w2, out=target)
+            if epilogue is not None:
+                epilogue(target, out)
 
     _in_image_parts(batch, chunk, run)
 

@@ -12,7 +12,9 @@ time); its input gradient gathers columns back with a Numba kernel.  A
 convolution over small windows (a network's first layer: a few input
 channels), whose product would have too few columns for BLAS to run well,
 and depthwise convolution, which has no matrix product worth the name, are
-direct Numba loops.  Everything works on five-dimensional
+direct Numba loops; a 3x3 convolution with stride 1 is Winograd's F(4x4, 3x3),
+Numba loops transforming blocks of inputs and of products around 36 matrix
+products through BLAS.  Everything works on five-dimensional
 arrays ``(N, D, H, W, C)``: rank 1 and 2 inputs get leading singleton spatial
 axes (kernel size 1, stride 1, no padding there), so one kernel serves every
 rank and each compiles once per dtype.
@@ -76,6 +78,17 @@ _PASS_VALUES = 9
 # the direct loop's output block per chunk of images: with an epilogue, about
 # the size of a core's L2 cache
 _DIRECT_CHUNK_BYTES = 512 << 10
+
+# 3x3 convolutions with stride 1 over at least this many input and output
+# channels run as Winograd F(4x4, 3x3) (_winograd_products): 36 multiplications
+# per 4x4 block of outputs and input channel where im2col + BLAS has 144.
+# mnist_cnn's second layer (32 -> 64 channels) ran 1.5-1.6x faster from batch
+# 16 up, 1.15x at batch 1.  Its float32 results are off by about 5e-6 of the
+# largest output, where im2col's are off by about 7e-7.
+WINOGRAD_MIN_CHANNELS = 8
+# the Winograd loop's transformed inputs and products per chunk of bands (4
+# output rows of an image): 1-2 MB ran alike, 512 KB slower
+_WINOGRAD_CHUNK_BYTES = 1 << 20
 
 PADDINGS = ('valid', 'same', 'causal')
 
@@ -302,6 +315,147 @@ def _nine_value_products(images, offsets, w9, out, out_size, steps, accumulate):
                                          + v6 * w9[6, c] + v7 * w9[7, c] + v8 * w9[8, c])
 
 
+# Winograd F(4x4, 3x3) (Lavin and Gray, 2016): a 4x4 block of outputs of a 3x3
+# cross-correlation is A^T [(G w G^T) * (B^T d B)] A, d the 6x6 block of inputs
+# under it.  B^T, G and A^T, with the points 0, 1, -1, 2, -2 and infinity:
+#   B^T = [[4, 0, -5, 0, 1, 0], [0, -4, -4, 1, 1, 0], [0, 4, -4, -1, 1, 0],
+#          [0, -2, -1, 2, 1, 0], [0, 2, -1, -2, 1, 0], [0, 4, 0, -5, 0, 1]]
+#   A^T = [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0],
+#          [0, 1, -1, 8, -8, 1]]
+_WINOGRAD_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                        [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]])
+
+
+@njit_cached(fastmath={'contract'}, **_JIT)
+def _winograd_kernel_transform(w, g, u):
+    """u[6*xi + nu] = (G w G^T)[xi, nu] of w (3, 3, K), K = C*OC, over the K axis;
+    ``g`` is G (6, 3) in w's type."""
+    along_rows = np.empty((6, 3, w.shape[2]), w.dtype)
+    for xi in range(6):
+        g0, g1, g2 = g[xi, 0], g[xi, 1], g[xi, 2]
+        for kx in range(3):
+            for k in range(w.shape[2]):
+                along_rows[xi, kx, k] = g0 * w[0, kx, k] + g1 * w[1, kx, k] + g2 * w[2, kx, k]
+    for xi in range(6):
+        for nu in range(6):
+            g0, g1, g2 = g[nu, 0], g[nu, 1], g[nu, 2]
+            for k in range(w.shape[2]):
+                u[6 * xi + nu, k] = (g0 * along_rows[xi, 0, k] + g1 * along_rows[xi, 1, k]
+                                     + g2 * along_rows[xi, 2, k])
+
+
+@njit_cached(fastmath={'contract'}, **_JIT)
+def _winograd_inputs(rows, width, tiles_h, tiles_w, first_band, v, scratch):
+    """B^T d B of every 6x6 block d of inputs under a 4x4 block of outputs.
+
+    ``rows`` (N*H*W, C) are images of H = 4*tiles_h + 2 rows of ``width`` =
+    4*tiles_w + 2 pixels.  Band b holds the tiles_w blocks of image
+    b // tiles_h whose outputs start at row 4*(b % tiles_h); block t of bands
+    first_band, ... (t = (b - first_band)*tiles_w + tx) starts at pixel 4*tx.
+    Row (6*xi + nu)*T + t of ``v`` (36*T, C) gets element (xi, nu) of block t's
+    transform; ``scratch`` is (36, C).
+
+    The two passes (B^T along the pixels of each of the 6 rows, then along the
+    rows) are loops over the channels, which vectorise; both in one loop with
+    all 36 values compiled to scalar code, 4x slower.  No views are made in
+    the loops: each costs reference counting.
+    """
+    channels = rows.shape[1]
+    blocks = v.shape[0] // 36
+    image_rows = (4 * tiles_h + 2) * width
+    for t in range(blocks):
+        band = first_band + t // tiles_w
+        top = (band // tiles_h) * image_rows + 4 * (band % tiles_h) * width + 4 * (t % tiles_w)
+        for i in range(6):
+            r = top + i * width
+            for c in range(channels):
+                d1, d2, d3, d4 = rows[r + 1, c], rows[r + 2, c], rows[r + 3, c], rows[r + 4, c]
+                scratch[i, c] = 4 * rows[r, c] - 5 * d2 + d4
+                scratch[6 + i, c] = d3 + d4 - 4 * (d1 + d2)
+                scratch[12 + i, c] = 4 * (d1 - d2) - d3 + d4
+                scratch[18 + i, c] = 2 * (d3 - d1) - d2 + d4
+                scratch[24 + i, c] = 2 * (d1 - d3) - d2 + d4
+                scratch[30 + i, c] = 4 * d1 - 5 * d3 + rows[r + 5, c]
+        for nu in range(6):
+            s = 6 * nu
+            for c in range(channels):
+                d1, d2, d3, d4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
+                v[nu * blocks + t, c] = 4 * scratch[s, c] - 5 * d2 + d4
+                v[(6 + nu) * blocks + t, c] = d3 + d4 - 4 * (d1 + d2)
+                v[(12 + nu) * blocks + t, c] = 4 * (d1 - d2) - d3 + d4
+                v[(18 + nu) * blocks + t, c] = 2 * (d3 - d1) - d2 + d4
+                v[(24 + nu) * blocks + t, c] = 2 * (d1 - d3) - d2 + d4
+                v[(30 + nu) * blocks + t, c] = 4 * d1 - 5 * d3 + scratch[s + 5, c]
+
+
+# 'reassoc' lets the sum vectorise; without 'nnan' and 'ninf', x * 0 stays a NaN
+# for an inf or NaN x
+@njit_cached(fastmath={'reassoc', 'contract'}, **_JIT)
+def _all_finite(rows):
+    """Whether the C-contiguous (n, C) ``rows`` hold no inf or NaN."""
+    values = rows.reshape(-1)
+    total = np.zeros(1, rows.dtype)[0]
+    for i in range(values.size):
+        total += values[i] * 0
+    return total == 0
+
+
+class _NonFiniteInput(Exception):
+    """An inf or NaN among a Winograd convolution's inputs."""
+
+
+@njit_cached(**_JIT)
+def _band_row(band, tiles_h, out_h, out_w):
+    """The first output position of a band (see :func:`_winograd_inputs`); of
+    band N*tiles_h, the number of positions."""
+    return ((band // tiles_h) * out_h + 4 * (band % tiles_h)) * out_w
+
+
+@njit_cached(fastmath={'contract'}, **_JIT)
+def _winograd_outputs(m, tiles_h, tiles_w, out_h, out_w, first_band, out, scratch):
+    """A^T M A of every block's 6x6 products M into its 4x4 block of outputs.
+
+    ``m`` (36*T, OC) holds element (xi, nu) of block t in row (6*xi + nu)*T + t,
+    for the blocks of bands first_band, ... (see :func:`_winograd_inputs`).
+    ``out`` (rows, OC) gets their output positions from its first row on (the
+    first band's first position); those past out_h or out_w are left out.
+    ``scratch`` is (24, OC).
+    """
+    out_ch = m.shape[1]
+    blocks = m.shape[0] // 36
+    origin = _band_row(first_band, tiles_h, out_h, out_w)
+    for t in range(blocks):
+        band, tx = first_band + t // tiles_w, t % tiles_w
+        for nu in range(6):  # A^T along xi: scratch[6*a + nu] for a < 4
+            for c in range(out_ch):
+                m0, m5 = m[nu * blocks + t, c], m[(30 + nu) * blocks + t, c]
+                m1, m2 = m[(6 + nu) * blocks + t, c], m[(12 + nu) * blocks + t, c]
+                m3, m4 = m[(18 + nu) * blocks + t, c], m[(24 + nu) * blocks + t, c]
+                scratch[nu, c] = m0 + m1 + m2 + m3 + m4
+                scratch[6 + nu, c] = m1 - m2 + 2 * (m3 - m4)
+                scratch[12 + nu, c] = m1 + m2 + 4 * (m3 + m4)
+                scratch[18 + nu, c] = m1 - m2 + 8 * (m3 - m4) + m5
+        top = _band_row(band, tiles_h, out_h, out_w) - origin + 4 * tx
+        columns = min(4, out_w - 4 * tx)
+        for a in range(min(4, out_h - 4 * (band % tiles_h))):  # A^T along nu
+            r, s = top + a * out_w, 6 * a
+            if columns == 4:
+                for c in range(out_ch):
+                    s1, s2, s3, s4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
+                    out[r, c] = scratch[s, c] + s1 + s2 + s3 + s4
+                    out[r + 1, c] = s1 - s2 + 2 * (s3 - s4)
+                    out[r + 2, c] = s1 + s2 + 4 * (s3 + s4)
+                    out[r + 3, c] = s1 - s2 + 8 * (s3 - s4) + scratch[s + 5, c]
+            else:  # a block past the right edge: its first 1 to 3 columns
+                for c in range(out_ch):
+                    s1, s2, s3, s4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
+                    out[r, c] = scratch[s, c] + s1 + s2 + s3 + s4
+                    if columns > 1:
+                        out[r + 1, c] = s1 - s2 + 2 * (s3 - s4)
+                    if columns > 2:
+                        out[r + 2, c] = s1 + s2 + 4 * (s3 + s4)
+
+
 @njit_cached_twins(**_JIT)
 def _depthwise_forward(x, w, y, stride, dilation, pad):
     """y[..., c*M + m] = sum over taps of x[..., c] * w[tap, c, m]; w is (KD, KH, KW, C, M)."""
@@ -470,7 +624,7 @@ def _is_pointwise(g):
 
 
 def _in_image_parts(batch, chunk, run):
-    """``[run(lo, hi)]`` over images lo..hi-1 of the batch, split between
+    """``[run(lo, hi)]`` over images (or Winograd's bands) lo..hi-1, split between
     BLAS's threads (:func:`blas.run_parts`) when each part gets at least a
     whole chunk.  Each part then copies its columns and multiplies them on
     one thread while the other copies or multiplies its own: on mnist_cnn's
@@ -573,6 +727,75 @@ def _window_products(x5, g, w2, y2, epilogue=None):
     _in_image_parts(batch, chunk, run)
 
 
+def _uses_winograd(g, channels, out_ch, dtype):
+    return (g.kernel == (1, 3, 3) and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
+            and min(channels, out_ch) >= WINOGRAD_MIN_CHANNELS
+            and dtype in (np.float32, np.float64))
+
+
+def _winograd_padded(x5, g, height, width):
+    """The images of x5 (N, 1, H, W, C) as (N, height, width, C): x5's own buffer
+    where it has that size and no padding, else a copy into zeros."""
+    _, pad_h, pad_w = g.pad
+    x4 = x5[:, 0]
+    if not pad_h and not pad_w and x4.shape[1:3] == (height, width):
+        return x4
+    padded = np.zeros((x4.shape[0], height, width, x4.shape[3]), x4.dtype)
+    rows, cols = min(x4.shape[1], height - pad_h), min(x4.shape[2], width - pad_w)
+    padded[:, pad_h:pad_h + rows, pad_w:pad_w + cols] = x4[:, :rows, :cols]
+    return padded
+
+
+def _winograd_products(x5, g, w, y2, epilogue=None):
+    """What :func:`_columns_times` computes for a 3x3 kernel ``w`` (3, 3, C, OC)
+    with stride 1, as Winograd F(4x4, 3x3) over bands of 4 output rows of an
+    image: chunk by chunk of bands, the inputs' transforms, 36 products (one
+    per element of a 6x6 transform, over every block of the chunk at once)
+    and the products' transforms back."""
+    batch, channels, out_ch = x5.shape[0], x5.shape[-1], w.shape[-1]
+    out_h, out_w = g.out[1], g.out[2]
+    tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
+    height, width = 4 * tiles_h + 2, 4 * tiles_w + 2
+    rows = _winograd_padded(x5, g, height, width).reshape(-1, channels)
+    u = np.empty((36, channels * out_ch), w.dtype)
+    _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u)
+    u = u.reshape(36, channels, out_ch)
+    bands = batch * tiles_h
+    chunk = max(1, _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
+
+    def run(lo, hi):
+        most = min(chunk, hi - lo) * tiles_w
+        v = np.empty(36 * most * channels, x5.dtype)
+        m = np.empty(36 * most * out_ch, x5.dtype)
+        in_scratch = np.empty((36, channels), x5.dtype)
+        out_scratch = np.empty((24, out_ch), x5.dtype)
+        if epilogue is not None:
+            block = np.empty((min(chunk, hi - lo) * 4 * out_w, out_ch), y2.dtype)
+        for first in range(lo, hi, chunk):
+            end = min(hi, first + chunk)
+            blocks = (end - first) * tiles_w
+            v_rows = v[:36 * blocks * channels].reshape(36 * blocks, channels)
+            m_rows = m[:36 * blocks * out_ch].reshape(36 * blocks, out_ch)
+            # An inf or NaN would reach every output of the blocks that read it
+            # (inf - inf in the transforms): such inputs go through im2col.
+            top = (first // tiles_h * height + 4 * (first % tiles_h)) * width
+            bottom = ((end - 1) // tiles_h * height + 4 * ((end - 1) % tiles_h) + 6) * width
+            if not _all_finite(rows[top:bottom]):
+                raise _NonFiniteInput
+            _winograd_inputs(rows, width, tiles_h, tiles_w, first, v_rows, in_scratch)
+            np.matmul(v_rows.reshape(36, blocks, channels), u, out=m_rows.reshape(36, blocks, out_ch))
+            out = y2[_band_row(first, tiles_h, out_h, out_w):_band_row(end, tiles_h, out_h, out_w)]
+            target = out if epilogue is None else block[:out.shape[0]]
+            _winograd_outputs(m_rows, tiles_h, tiles_w, out_h, out_w, first, target, out_scratch)
+            if epilogue is not None:
+                epilogue(target, out)
+
+    try:
+        _in_image_parts(bands, chunk, run)
+    except _NonFiniteInput:  # rewrites every output
+        _columns_times(x5, g, w.reshape(-1, out_ch), y2, epilogue)
+
+
 def _gradient_to_columns(dy2, w2t, g, dx5):
     """dx5 = col2im(dy2 @ w2t) chunk by chunk; dy2 is (N*P, OC), w2t (OC, taps*C)."""
     batch, patch = dx5.shape[0], w2t.shape[1]
@@ -632,10 +855,9 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
     # A 1x1 kernel is one product; small windows (DIRECT_MAX_PATCH) a direct
     # loop, whose sums over nine window values at a time stay in registers (a
     # loop adding one tap at a time into the output, 2.8 ms at mnist_cnn's first
-    # layer, batch 64, lost to im2col's 1.9 ms); the rest goes through im2col.
-    # Winograd F(2x2, 3x3) gained only 1.1-1.2x on mnist_cnn's second
-    # layer over this im2col, and lost at some batch sizes (its 16 thin
-    # products per chunk), so it is not used.
+    # layer, batch 64, lost to im2col's 1.9 ms); 3x3 kernels with stride 1 over
+    # enough channels Winograd F(4x4, 3x3) (F(2x2, 3x3), 16 products for 4
+    # outputs, gained only 1.1-1.2x over im2col); the rest goes through im2col.
     if _is_pointwise(g):
         if epilogue is None:
             np.matmul(x.reshape(-1, channels), w2, out=y.reshape(-1, out_ch))
@@ -643,6 +865,9 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
             epilogue(np.matmul(x.reshape(-1, channels), w2), y.reshape(-1, out_ch))
     elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
         _window_products(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
+    elif _uses_winograd(g, channels, out_ch, x.dtype):
+        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y.reshape(-1, out_ch),
+                           epilogue)
     else:
         _columns_times(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
     return y

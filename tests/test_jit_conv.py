@@ -258,7 +258,7 @@ def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, thread
 
 def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     """With the default limits mnist_cnn's first layer (9 values a window, 32
-    float32 channels) runs the direct loop, its second (288 values) im2col."""
+    float32 channels) runs the direct loop, its second (288 values) Winograd."""
     taken = []
     kernel = conv._nine_value_products
     monkeypatch.setattr(conv, '_nine_value_products', lambda *a: taken.append(1) or kernel(*a))
@@ -266,13 +266,97 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     y = conv.conv_forward(x, w)
     assert taken == [1] and y.dtype == np.float32
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
-    conv.conv_forward(random((2, 10, 9, 32), np.float32), random((3, 3, 32, 32), np.float32))
-    assert taken == [1]
+    winograd = []
+    inputs = conv._winograd_inputs
+    monkeypatch.setattr(conv, '_winograd_inputs', lambda *a: winograd.append(1) or inputs(*a))
+    conv.conv_forward(random((2, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
+    assert taken == [1] and winograd == [1]
     # float16, which Numba's loops do not take, through im2col and NumPy's matmul
     x, w = random((2, 10, 9, 1), np.float16), random((3, 3, 1, 64), np.float16)
     y = conv.conv_forward(x, w)
     assert taken == [1] and y.dtype == np.float16
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=2e-2, atol=2e-2)
+
+
+@pytest.fixture
+def winograd_chunks(monkeypatch):
+    """Yields the list of bands of every chunk the Winograd loop transforms
+    (``_winograd_inputs`` calls: 4 output rows of an image a band)."""
+    chunks = []
+    kernel = conv._winograd_inputs
+
+    def counted(rows, width, tiles_h, tiles_w, first_band, v, scratch):
+        chunks.append(v.shape[0] // 36 // tiles_w)
+        return kernel(rows, width, tiles_h, tiles_w, first_band, v, scratch)
+
+    monkeypatch.setattr(conv, '_winograd_inputs', counted)
+    return chunks
+
+
+WINOGRAD_CASES = [  # (N, H, W, C), out channels, padding: outputs of 4k, 4k + 1..3 rows
+    ((2, 10, 11, 8), 8, 'valid'),     # 8 x 9 outputs: a last column of blocks of 1
+    ((1, 9, 7, 9), 12, 'same'),       # 9 x 7: rows and columns of partial blocks
+    ((2, 3, 8, 8), 9, 'valid'),       # one output row
+    ((1, 4, 3, 16), 8, 'same'),       # 4 x 3: one block, 3 columns of it
+    ((3, 6, 6, 8), 8, 'same'),        # 6 x 6
+]
+
+
+@pytest.mark.parametrize('x_shape, out_ch, padding', WINOGRAD_CASES)
+def test_conv_winograd(winograd_chunks, x_shape, out_ch, padding):
+    """Winograd F(4x4, 3x3) for 3x3 kernels with stride 1 and 8 channels or more,
+    on outputs that fill their 4x4 blocks and outputs that do not."""
+    x, w = random(x_shape), random((3, 3, x_shape[-1], out_ch))
+    y = conv.conv_forward(x, w, 1, padding)
+    assert sum(winograd_chunks) == x_shape[0] * -(-y.shape[1] // 4)
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, padding, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_winograd_float32(winograd_chunks):
+    """mnist_cnn's second layer in float32: off by a few float32 ulps of the
+    largest output (Winograd's transforms add to im2col's rounding)."""
+    x, w = random((2, 26, 26, 32), np.float32), random((3, 3, 32, 64), np.float32) / 16
+    y = conv.conv_forward(x, w)
+    expected = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
+    assert y.dtype == np.float32 and winograd_chunks
+    assert np.abs(y - expected).max() < 2e-5 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads):
+    """Chunks of one band (an image's band split from the next), split between
+    threads, each block of output rows through the epilogue."""
+    x, w, bias = random((3, 7, 6, 8)), random((3, 3, 8, 8)), random(8)
+    blocks = []
+
+    def epilogue(block, out):
+        blocks.append(block.shape[0])
+        np.maximum(block + bias, 0, out=out)
+
+    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+    monkeypatch.setattr(blas, 'threads', lambda: threads)
+    monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
+    y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
+    assert winograd_chunks == [1] * 6 and blocks == [24, 18] * 3  # 4 rows of 6, then 3
+    expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks):
+    """An inf in the input makes inf only in the outputs whose windows hold it,
+    and a NaN NaN only there: in Winograd's transforms they would reach every
+    output of their blocks, so such a chunk switches the convolution to im2col."""
+    x, w = random((2, 9, 10, 8)), np.abs(random((3, 3, 8, 8))) + 0.5
+    x[1, 4, 5, 3] = np.inf
+    x[1, 8, 9, 0] = np.nan  # a corner: in 4 windows
+    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+    y = conv.conv_forward(x, w, 1, 'same')
+    assert winograd_chunks == [1] * 3  # image 0's 3 bands, then image 1's first stops it
+    expected = reference_conv(x, w, 1, 'same', 1)
+    assert np.isinf(expected).sum() == 9 * 8 and np.isnan(expected).sum() == 4 * 8
+    np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))
+    np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 1)])
@@ -293,11 +377,12 @@ def test_conv_float32(kernel, channels):
     np.testing.assert_allclose(inner(dw, w), inner(dy, expected), rtol=1e-4)
 
 
-@pytest.mark.parametrize('kernel, out_ch', [((3, 3), 4), ((3, 3), 32), ((1, 1), 4)])
-def test_conv_of_an_empty_batch(kernel, out_ch):
+@pytest.mark.parametrize('kernel, channels, out_ch',
+                         [((3, 3), 2, 4), ((3, 3), 2, 32), ((1, 1), 2, 4), ((3, 3), 8, 8)])
+def test_conv_of_an_empty_batch(kernel, channels, out_ch):
     """No images in, none out, and zero kernel gradients (im2col, the direct loop,
-    the 1x1 product)."""
-    x, w = np.zeros((0, 6, 7, 2), np.float32), random(kernel + (2, out_ch), np.float32)
+    the 1x1 product, Winograd)."""
+    x, w = np.zeros((0, 6, 7, channels), np.float32), random(kernel + (channels, out_ch), np.float32)
     y = conv.conv_forward(x, w, 1, 'same')
     assert y.shape == (0, 6, 7, out_ch) and y.dtype == np.float32
     dx = conv.conv_backward_input(y, w, x.shape, 1, 'same')

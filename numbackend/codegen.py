@@ -187,9 +187,11 @@ def generate_source(spec, into=False):
     emit(f"def run_serial({', '.join(f'x{i}' for i in range(n_in))}):")
     lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True))
     if into:
+        # the epilogue of a library kernel (a convolution's), which may run on
+        # several threads at once: it releases the GIL as theirs do
         emit("")
         emit("")
-        emit("@njit_cached()")
+        emit("@njit_cached(nogil=True)")
         params = [f"x{i}" for i in range(n_in)] + [f"o{o}" for o in range(len(spec.outputs))]
         emit(f"def run_serial_into({', '.join(params)}):")
         lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))

@@ -390,6 +390,21 @@ def test_conv_of_an_empty_batch(kernel, channels, out_ch):
     assert dx.shape == x.shape and dw.shape == w.shape and not dw.any()
 
 
+@pytest.mark.parametrize('x_dtype, w_dtype, out_dtype', [
+    (np.float32, np.float64, np.float64), (np.int32, np.int32, np.float64),
+    (np.float32, np.float32, np.float32)])
+def test_conv_input_types(x_dtype, w_dtype, out_dtype):
+    """Inputs of two float types run in the wider one, integers in float64,
+    and a strided view of the input as its values."""
+    x = np.round(random((2, 9, 8, 2)) * 4).astype(x_dtype)
+    w = np.round(random((3, 3, 2, 5)) * 4).astype(w_dtype)
+    view = np.ascontiguousarray(np.swapaxes(x, 1, 2)).swapaxes(1, 2)  # not C-contiguous
+    y = conv.conv_forward(view, w, 1, 'same')
+    assert y.dtype == out_dtype
+    np.testing.assert_allclose(y, reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'same', 1),
+                               rtol=1e-6, atol=1e-4)
+
+
 def test_conv_output_shape():
     assert conv.conv_output_shape((28, 28), (3, 3)) == (26, 26)
     assert conv.conv_output_shape((7, 8), (3, 3), 2, 'same') == (4, 4)

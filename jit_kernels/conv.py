@@ -87,9 +87,19 @@ _DIRECT_CHUNK_BYTES = 512 << 10
 # 16 up, 1.15x at batch 1.  Its float32 results are off by about 5e-6 of the
 # largest output, where im2col's are off by about 7e-7.
 WINOGRAD_MIN_CHANNELS = 8
+# ... and over at least this many 4x4 blocks of outputs (36 at mnist_cnn's second
+# layer at batch 1), and one per 1024 products of an input and an output
+# channel: the kernel's transform (36 matrices C x OC) is made on every call,
+# and each of the 36 products has a row per block.  256 -> 256 channels over 7x7
+# outputs: 4 blocks 0.24x im2col's speed, 16 blocks 0.57x, 64 blocks 1.09x;
+# 128 -> 128 over 14x14 (16 blocks) 0.7x; 64 -> 64 over 28x28 (49) 1.1-1.9x.
+WINOGRAD_MIN_BLOCKS = 32
 # the Winograd loop's transformed inputs and products per chunk of bands (4
-# output rows of an image): 1-2 MB ran alike, 512 KB slower
+# output rows of an image): 1-2 MB ran alike, 512 KB slower; but at least
+# _WINOGRAD_MIN_ROWS blocks (rows of each product): with 256 channels in and
+# out, 1 MB is 6 blocks, and 16 images of 7x7 outputs took 2.3x as long so
 _WINOGRAD_CHUNK_BYTES = 1 << 20
+_WINOGRAD_MIN_ROWS = 64
 
 PADDINGS = ('valid', 'same', 'causal')
 _FLOATS = (np.float16, np.float32, np.float64)
@@ -733,9 +743,11 @@ def _window_products(x5, g, w2, y2, epilogue=None):
     _in_image_parts(batch, chunk, run)
 
 
-def _uses_winograd(g, channels, out_ch, dtype):
+def _uses_winograd(g, batch, channels, out_ch, dtype):
+    blocks = batch * -(-g.out[1] // 4) * -(-g.out[2] // 4)
     return (g.kernel == (1, 3, 3) and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
             and min(channels, out_ch) >= WINOGRAD_MIN_CHANNELS
+            and blocks >= max(WINOGRAD_MIN_BLOCKS, channels * out_ch // 1024)
             and dtype in (np.float32, np.float64))
 
 
@@ -767,7 +779,8 @@ def _winograd_products(x5, g, w, y2, epilogue=None):
     _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u)
     u = u.reshape(36, channels, out_ch)
     bands = batch * tiles_h
-    chunk = max(1, _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
+    chunk = max(-(-_WINOGRAD_MIN_ROWS // tiles_w),
+                _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
 
     def run(lo, hi):
         most = min(chunk, hi - lo) * tiles_w
@@ -871,7 +884,7 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
             epilogue(np.matmul(x.reshape(-1, channels), w2), y.reshape(-1, out_ch))
     elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
         _window_products(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
-    elif _uses_winograd(g, channels, out_ch, x.dtype):
+    elif _uses_winograd(g, batch, channels, out_ch, x.dtype):
         _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y.reshape(-1, out_ch),
                            epilogue)
     else:

@@ -269,8 +269,15 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     winograd = []
     inputs = conv._winograd_inputs
     monkeypatch.setattr(conv, '_winograd_inputs', lambda *a: winograd.append(1) or inputs(*a))
-    conv.conv_forward(random((2, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
-    assert taken == [1] and winograd == [1]
+    conv.conv_forward(random((8, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
+    assert taken == [1] and winograd == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
+    # fewer blocks than WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
+    conv.conv_forward(random((7, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
+    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
+    conv.conv_forward(random((1, 10, 9, 128), np.float32), random((3, 3, 128, 64), np.float32))
+    assert winograd == [1]
+    conv.conv_forward(random((2, 10, 9, 128), np.float32), random((3, 3, 128, 64), np.float32))
+    assert winograd == [1, 1]  # 8 blocks, 8192 / 1024 channel pairs
     # float16, which Numba's loops do not take, through im2col and NumPy's matmul
     x, w = random((2, 10, 9, 1), np.float16), random((3, 3, 1, 64), np.float16)
     y = conv.conv_forward(x, w)
@@ -280,8 +287,11 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
 
 @pytest.fixture
 def winograd_chunks(monkeypatch):
-    """Yields the list of bands of every chunk the Winograd loop transforms
-    (``_winograd_inputs`` calls: 4 output rows of an image a band)."""
+    """Every 3x3 convolution with stride 1 over 8 channels or more runs Winograd,
+    however few its blocks; yields the list of bands of every chunk it
+    transforms (``_winograd_inputs`` calls: 4 output rows of an image a band)."""
+    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
+    monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 1)
     chunks = []
     kernel = conv._winograd_inputs
 
@@ -342,6 +352,17 @@ def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
+def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winograd_chunks):
+    """However small the chunk's bytes, each product has _WINOGRAD_MIN_ROWS rows
+    (blocks) where the batch has them: 8 rows are 4 bands of 2 blocks."""
+    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+    monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 8)
+    x, w = random((3, 7, 6, 8)), random((3, 3, 8, 8))  # 7 x 6 outputs: 2 bands of 2 blocks
+    y = conv.conv_forward(x, w, 1, 'same')
+    assert winograd_chunks == [4, 2]
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
+
+
 def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks):
     """An inf in the input makes inf only in the outputs whose windows hold it,
     and a NaN NaN only there: in Winograd's transforms they would reach every
@@ -379,9 +400,10 @@ def test_conv_float32(kernel, channels):
 
 @pytest.mark.parametrize('kernel, channels, out_ch',
                          [((3, 3), 2, 4), ((3, 3), 2, 32), ((1, 1), 2, 4), ((3, 3), 8, 8)])
-def test_conv_of_an_empty_batch(kernel, channels, out_ch):
+def test_conv_of_an_empty_batch(monkeypatch, kernel, channels, out_ch):
     """No images in, none out, and zero kernel gradients (im2col, the direct loop,
     the 1x1 product, Winograd)."""
+    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
     x, w = np.zeros((0, 6, 7, channels), np.float32), random(kernel + (channels, out_ch), np.float32)
     y = conv.conv_forward(x, w, 1, 'same')
     assert y.shape == (0, 6, 7, out_ch) and y.dtype == np.float32

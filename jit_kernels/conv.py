@@ -655,29 +655,30 @@ def _in_image_parts(batch, chunk, run):
     return blas.run_parts(parts, lambda i: run(i * per, min(batch, (i + 1) * per)))
 
 
-def _columns_times(x5, g, w2, y2, epilogue=None):
-    """y2 = im2col(x5) @ w2 chunk by chunk, or where given epilogue(block, rows of
-    y2) with each chunk's product; y2 is (N*P, OC)."""
-    batch, patch = x5.shape[0], w2.shape[0]
+def _columns_times(x5, g, w2, y2, finish=None):
+    """y2 = im2col(x5) @ w2 chunk by chunk (y2 is (N*P, OC)), or where given
+    ``finish(block, start, stop)`` with each chunk's product, the values of
+    rows start..stop-1 (see :func:`_finisher`)."""
+    batch, (patch, out_ch) = x5.shape[0], w2.shape
     positions = _positions(g)
     # with an epilogue, its block of products stays in cache too (mnist_cnn's first
     # layer: 9 taps, 32 channels)
-    width = patch if epilogue is None else max(patch, y2.shape[1])
+    width = patch if finish is None else max(patch, out_ch)
     chunk = _chunk_images(g, width, x5.itemsize)
     patches = _patches(x5, g)
 
     def run(lo, hi):
         cols = np.empty((min(chunk, hi - lo) * positions, patch), x5.dtype)
-        if epilogue is not None:
-            block = np.empty((cols.shape[0], y2.shape[1]), y2.dtype)
+        if finish is not None:
+            block = np.empty((cols.shape[0], out_ch), x5.dtype)
         for first in range(lo, hi, chunk):
             rows = min(chunk, hi - first) * positions
             _fill_columns(patches, first, cols[:rows])
-            out = y2[first * positions:first * positions + rows]
-            target = out if epilogue is None else block[:rows]
+            start = first * positions
+            target = y2[start:start + rows] if finish is None else block[:rows]
             np.matmul(cols[:rows], w2, out=target)
-            if epilogue is not None:
-                epilogue(target, out)
+            if finish is not None:
+                finish(target, start, start + rows)
 
     _in_image_parts(batch, chunk, run)
 
@@ -705,7 +706,7 @@ def _window_passes(g, image_shape):
     return offsets, tuple(s * e for s, e in zip(g.stride, step))
 
 
-def _window_products(x5, g, w2, y2, epilogue=None):
+def _window_products(x5, g, w2, y2, finish=None):
     """What :func:`_columns_times` computes, as a direct loop without columns:
     passes of :func:`_nine_value_products` over the window values nine at a time.
 
@@ -727,18 +728,18 @@ def _window_products(x5, g, w2, y2, epilogue=None):
 
     def run(lo, hi):
         images = np.zeros((min(chunk, hi - lo), 2 * size), x5.dtype)
-        if epilogue is not None:
-            block = np.empty((images.shape[0] * positions, out_ch), y2.dtype)
+        if finish is not None:
+            block = np.empty((images.shape[0] * positions, out_ch), x5.dtype)
         for first in range(lo, hi, chunk):
             count = min(chunk, hi - first)
             images[:count, :size] = padded[first:first + count].reshape(count, size)
-            out = y2[first * positions:(first + count) * positions]
-            target = out if epilogue is None else block[:count * positions]
+            start, stop = first * positions, (first + count) * positions
+            target = y2[start:stop] if finish is None else block[:stop - start]
             for k, nine in enumerate(offsets):
                 nine_weights = weights[k * _PASS_VALUES:(k + 1) * _PASS_VALUES]
                 _nine_value_products(images[:count], nine, nine_weights, target, g.out, steps, k > 0)
-            if epilogue is not None:
-                epilogue(target, out)
+            if finish is not None:
+                finish(target, start, stop)
 
     _in_image_parts(batch, chunk, run)
 
@@ -764,7 +765,7 @@ def _winograd_padded(x5, g, height, width):
     return padded
 
 
-def _winograd_products(x5, g, w, y2, epilogue=None):
+def _winograd_products(x5, g, w, y2, finish=None):
     """What :func:`_columns_times` computes for a 3x3 kernel ``w`` (3, 3, C, OC)
     with stride 1, as Winograd F(4x4, 3x3) over bands of 4 output rows of an
     image: chunk by chunk of bands, the inputs' transforms, 36 products (one
@@ -788,8 +789,8 @@ def _winograd_products(x5, g, w, y2, epilogue=None):
         m = np.empty(36 * most * out_ch, x5.dtype)
         in_scratch = np.empty((36, channels), x5.dtype)
         out_scratch = np.empty((24, out_ch), x5.dtype)
-        if epilogue is not None:
-            block = np.empty((min(chunk, hi - lo) * 4 * out_w, out_ch), y2.dtype)
+        if finish is not None:
+            block = np.empty((min(chunk, hi - lo) * 4 * out_w, out_ch), x5.dtype)
         for first in range(lo, hi, chunk):
             end = min(hi, first + chunk)
             blocks = (end - first) * tiles_w
@@ -803,16 +804,16 @@ def _winograd_products(x5, g, w, y2, epilogue=None):
                 raise _NonFiniteInput
             _winograd_inputs(rows, width, tiles_h, tiles_w, first, v_rows, in_scratch)
             np.matmul(v_rows.reshape(36, blocks, channels), u, out=m_rows.reshape(36, blocks, out_ch))
-            out = y2[_band_row(first, tiles_h, out_h, out_w):_band_row(end, tiles_h, out_h, out_w)]
-            target = out if epilogue is None else block[:out.shape[0]]
+            start, stop = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
+            target = y2[start:stop] if finish is None else block[:stop - start]
             _winograd_outputs(m_rows, tiles_h, tiles_w, out_h, out_w, first, target, out_scratch)
-            if epilogue is not None:
-                epilogue(target, out)
+            if finish is not None:
+                finish(target, start, stop)
 
     try:
         _in_image_parts(bands, chunk, run)
     except _NonFiniteInput:  # rewrites every output
-        _columns_times(x5, g, w.reshape(-1, out_ch), y2, epilogue)
+        _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
 
 
 def _gradient_to_columns(dy2, w2t, g, dx5):
@@ -853,23 +854,77 @@ def _columns_transposed_times(x5, g, dy2, patch):
 # ---------------------------------------------------------------------------
 # Convolution.
 
-def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
+def _finisher(g, out_ch, epilogue, y2, pool, pooled):
+    """The ``finish(block, start, stop)`` the convolution paths call with each
+    block of products, the values of output rows (positions) start..stop-1,
+    whole output lines of one or more images, starting at an even line.
+
+    Without ``pool``, ``epilogue(block, rows start..stop-1 of y2)``.  With
+    ``pool`` ('max' or 'avg'), the block (through the epilogue where given)
+    is pooled over 2x2 windows with stride 2 into its lines of ``pooled``:
+    the full-size result is never written.
+    """
+    if pool is None:
+        return lambda block, start, stop: epilogue(block, y2[start:stop])
+    from . import pool as pooling  # which imports this module
+    kernel = (pooling._max_pool if pool == 'max' else pooling._avg_pool).serial
+    out_h, out_w = g.out[1], g.out[2]
+    positions = out_h * out_w
+
+    def finish(block, start, stop):
+        if epilogue is not None:
+            done = np.empty_like(block)
+            epilogue(block, done)
+            block = done
+        while start < stop:  # lines first..last-1 of an image, or whole images
+            n, first = divmod(start, positions)
+            if first or stop - start < positions:
+                end = min(stop, (n + 1) * positions)
+                last = (end - n * positions) // out_w
+                lines = block[:end - start].reshape(1, 1, last - first // out_w, out_w, out_ch)
+                target = pooled[n:n + 1, first // out_w // 2:last // 2]
+            else:
+                images = (stop - start) // positions
+                end = start + images * positions
+                lines = block[:end - start].reshape(images, 1, out_h, out_w, out_ch)
+                target = pooled[n:n + images]
+            kernel(lines, target.reshape(lines.shape[0], 1, -1, out_w // 2, out_ch),
+                   (1, 2, 2), (1, 2, 2), (0, 0, 0))
+            block, start = block[end - start:], end
+    return finish
+
+
+def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, pool=None):
     """Convolution (cross-correlation) of x (N, *spatial, C) with w (*k, C, OC).
 
     ``strides`` and ``dilation`` are an int or one int per spatial axis;
     ``padding`` is 'valid', 'same' or 'causal'.  Returns (N, *out, OC).
     ``epilogue(block, out)``, where given, is called with each block of output
     rows as soon as it is computed (while it is in cache), a (rows, OC) array,
-    and ``out``, the (rows, OC) view of the result where it writes their final
-    values; blocks may come from several threads at once.  (Out of place: a
-    Numba loop reading and writing the same array measured 2.4x slower, its
-    aliasing keeping it from vectorising.)
+    and ``out``, a (rows, OC) array where it writes their final values; blocks
+    may come from several threads at once.  (Out of place: a Numba loop
+    reading and writing the same array measured 2.4x slower, its aliasing
+    keeping it from vectorising.)
+
+    ``pool`` ('max' or 'avg'; 2-D convolutions only) pools the result, after
+    the epilogue, over 2x2 windows with stride 2 and 'valid' padding, block by
+    block while in cache, and returns (N, OH // 2, OW // 2, OC) instead.
     """
     x, w = _float_arrays(x, w)
     _check_conv(x.shape, w.shape, 'conv_forward')
     g = geometry(x.shape[1:-1], w.shape[:-2], strides, padding, dilation)
     batch, channels, out_ch = x.shape[0], x.shape[-1], w.shape[-1]
-    y = np.empty(_out_shape(g, batch, out_ch), x.dtype)
+    if pool is None:
+        y = np.empty(_out_shape(g, batch, out_ch), x.dtype)
+        y2, pooled = y.reshape(-1, out_ch), None
+    elif pool not in ('max', 'avg') or g.rank != 2:
+        raise ValueError(f"conv_forward: pool must be 'max' or 'avg' after a 2-D convolution, "
+                         f"got {pool!r} for an input of shape {x.shape}")
+    else:
+        y2, pooled = None, np.empty((batch, g.out[1] // 2, g.out[2] // 2, out_ch), x.dtype)
+    finish = None
+    if epilogue is not None or pool is not None:
+        finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
     w2 = w.reshape(-1, out_ch)
     # A 1x1 kernel is one product; small windows (DIRECT_MAX_PATCH) a direct
     # loop, whose sums over nine window values at a time stay in registers (a
@@ -878,18 +933,17 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None):
     # enough channels Winograd F(4x4, 3x3) (F(2x2, 3x3), 16 products for 4
     # outputs, gained only 1.1-1.2x over im2col); the rest goes through im2col.
     if _is_pointwise(g):
-        if epilogue is None:
-            np.matmul(x.reshape(-1, channels), w2, out=y.reshape(-1, out_ch))
+        if finish is None:
+            np.matmul(x.reshape(-1, channels), w2, out=y2)
         else:
-            epilogue(np.matmul(x.reshape(-1, channels), w2), y.reshape(-1, out_ch))
+            finish(np.matmul(x.reshape(-1, channels), w2), 0, batch * _positions(g))
     elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
-        _window_products(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
+        _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif _uses_winograd(g, batch, channels, out_ch, x.dtype):
-        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y.reshape(-1, out_ch),
-                           epilogue)
+        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish)
     else:
-        _columns_times(_as_5d(x, g), g, w2, y.reshape(-1, out_ch), epilogue)
-    return y
+        _columns_times(_as_5d(x, g), g, w2, y2, finish)
+    return y if pool is None else pooled
 
 
 def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):

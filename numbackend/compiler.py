@@ -493,10 +493,14 @@ class Plan:
             if node.id in self.windows:
                 continue  # read in place by the kernels that use it
             following = schedule[k + 1] if k + 1 < len(schedule) else None
+            pool = self._pool_after(node, following, schedule[k + 2] if k + 2 < len(schedule) else None)
             if isinstance(following, Group) and self._emit_with_epilogue(
-                    node, following, value_of, names, ns, lines, new_name):
+                    node, following, value_of, names, ns, lines, new_name, pool):
                 run_as_epilogue.add(id(following))
                 fresh[following.outputs[0].id] = True
+                if pool is not None:
+                    run_as_epilogue.add(id(pool))
+                    fresh[pool.id] = True
                 continue
             call = ", ".join(value_of(i) for i in node.inputs)
             fname, name = new_name("L"), new_name("v")
@@ -519,9 +523,25 @@ class Plan:
         exec(compile(self.source, "<numbackend plan>", "exec"), ns)  # noqa: S102 - our own source
         self.run = ns["plan"]
 
-    def _emit_with_epilogue(self, node, g, value_of, names, ns, lines, new_name):
+    def _pool_after(self, node, g, pool):
+        """``pool``, the unit after ``node``'s epilogue group ``g``, where node can
+        pool g's result itself (see Op.pools): a 2x2 'pool' with stride 2, 'valid',
+        its only reader, and not a result of the function; else None."""
+        if not (OPS[node.op].pools and isinstance(g, Group) and isinstance(pool, Tensor)
+                and pool.op == "pool" and len(g.outputs) == 1 and pool.inputs[0] is g.outputs[0]):
+            return None
+        out, attrs = g.outputs[0], pool.attrs
+        if (out.ndim != 4 or attrs["pool_size"] != (2, 2) or attrs["strides"] != (2, 2)
+                or attrs["padding"] != "valid" or out.id in self.windows or pool.id in self.windows
+                or [c.id for c in self.consumers.get(out.id, [])] != [pool.id]
+                or any(t is out for t in self.targets)):
+            return None
+        return pool
+
+    def _emit_with_epilogue(self, node, g, value_of, names, ns, lines, new_name, pool=None):
         """Emit library ``node`` with group ``g`` as its epilogue (see Op.epilogue),
-        run on each block of its result's rows while in cache; False, emitting
+        run on each block of its result's rows while in cache, and where given
+        the 'pool' node after it (see :meth:`_pool_after`); False, emitting
         nothing, where g cannot run so: it must read nothing but node's result in
         full and values along the last axis or scalars, and be node's only reader."""
         if (not OPS[node.op].epilogue or g.k or len(g.outputs) != 1
@@ -545,13 +565,16 @@ class Plan:
         module = codegen.load_kernel(codegen.generate_source(spec, into=True))
         others = [value_of(t) for j, t in enumerate(inputs) if j != position]
         call, name = new_name("L"), new_name("v")
-        ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs))
+        ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs),
+                                          pool)
         lines.append(f"{name} = {call}({', '.join([value_of(i) for i in node.inputs] + others)})")
-        names[out.id] = name
+        result = out if pool is None else pool
+        names[result.id] = name
         self.program.append(("unsupported", "a library step with an element-wise epilogue"))
         self.kernels.append(module)
-        self.steps.append(Step("library", f"{node.op}+fused[{module.KEY[:8]}]",
-                               [node] + list(g.members), [out], module))
+        members = [node] + list(g.members) + ([] if pool is None else [pool])
+        label = f"{node.op}+fused[{module.KEY[:8]}]" + ("" if pool is None else "+pool")
+        self.steps.append(Step("library", label, members, [result], module))
         return True
 
     def _emit_group(self, g, value_of, names, ns, lines, new_name):
@@ -686,12 +709,16 @@ class _EpilogueMismatch(Exception):
     """Run-time shapes that the epilogue's kernel was not compiled for."""
 
 
-def _library_with_epilogue(node, module, patterns, position, fallback):
+def _library_with_epilogue(node, module, patterns, position, fallback, pool=None):
     """A plan step's callable for library ``node`` running a group's kernel as its
-    epilogue: ``call(*node_inputs, *group_inputs_but_node)``.  Run-time shapes
-    the kernel does not take (a last axis of another length) run the node, then
-    the group with NumPy."""
+    epilogue, and pooling the result where ``pool`` (a 'pool' node) is given:
+    ``call(*node_inputs, *group_inputs_but_node)``.  Run-time shapes the
+    kernel does not take (a last axis of another length) run the node, then
+    the group with NumPy, then the pool."""
     impl = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    if pool is not None:
+        impl = functools.partial(impl, pool=pool.attrs["mode"])
+    pool_call = None if pool is None else library_call(pool)
     own = len(node.inputs)
 
     def call(*arrays):
@@ -711,8 +738,10 @@ def _library_with_epilogue(node, module, patterns, position, fallback):
         try:
             return impl(*arrays[:own], epilogue=epilogue)
         except _EpilogueMismatch:
-            group_inputs[position] = impl(*arrays[:own])
-            return fallback(*group_inputs)[0]
+            unpooled = OPS[node.op].impl
+            group_inputs[position] = unpooled(*arrays[:own], **node.attrs)
+            result = fallback(*group_inputs)[0]
+            return result if pool_call is None else pool_call(result)
     return call
 
 

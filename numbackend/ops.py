@@ -29,7 +29,7 @@ OPS = {}
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
                  reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
-                 computed_by=None, epilogue=False):
+                 computed_by=None, epilogue=False, pools=False):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -50,6 +50,10 @@ class Op:
         # values into out, the result's view; the compiler passes an element-wise
         # group that reads the result this way
         self.epilogue = epilogue
+        # impl also takes pool='max' | 'avg': it returns its result (after the
+        # epilogue) pooled over 2x2 windows with stride 2, 'valid', computed block
+        # by block; the compiler passes a 'pool' node that alone reads that result
+        self.pools = pools
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -432,9 +436,10 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 
 
 def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None,
-            epilogue=False):
+            epilogue=False, pools=False):
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
-                       multi_output=multi_output, computed_by=computed_by, epilogue=epilogue))
+                       multi_output=multi_output, computed_by=computed_by, epilogue=epilogue,
+                       pools=pools))
 
 
 # One output of a multi-output node (whose value is a tuple); autodiff gathers
@@ -1316,9 +1321,9 @@ def _conv_infer(inputs, attrs):
         _conv_dtype(inputs)
 
 
-def _conv(x, w, strides, padding, dilation, epilogue=None):
+def _conv(x, w, strides, padding, dilation, epilogue=None, pool=None):
     from jit_kernels import conv
-    return conv.conv_forward(x, w, strides, padding, dilation, epilogue)
+    return conv.conv_forward(x, w, strides, padding, dilation, epilogue, pool)
 
 
 def _conv_grad(g, n):
@@ -1383,7 +1388,7 @@ def _conv_backward_kernel_grad(g, n):
     return [gx, apply("conv", x, g, **a)]
 
 
-library("conv", _conv_infer, _conv, grad=_conv_grad, epilogue=True)
+library("conv", _conv_infer, _conv, grad=_conv_grad, epilogue=True, pools=True)
 library("conv_backward_input", _conv_backward_input_infer, _conv_backward_input,
         grad=_conv_backward_input_grad)
 library("conv_backward_kernel", _conv_backward_kernel_infer, _conv_backward_kernel,

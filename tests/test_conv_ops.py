@@ -419,6 +419,68 @@ def test_conv_epilogue_of_integers_and_float32_is_float64():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("x_shape, kernel", [((3, 9, 8, 2), (3, 3)), ((2, 7, 9, 3), (1, 1))])
+def test_conv_epilogue_then_2x2_pooling_is_one_step(x_shape, kernel, mode):
+    # Keras's Conv2D(activation) then MaxPooling2D(): the pooling runs on each
+    # block of the convolution after its epilogue; odd rows and columns left out
+    x, w, b = rand(*x_shape), rand(*kernel, x_shape[-1], 4), rand(4)
+    f, got = _epilogue_function(lambda x: K.pool2d(K.relu(K.conv2d(x, K.variable(w, dtype="float64"))
+                                                          + K.variable(b, dtype="float64")),
+                                                   (2, 2), (2, 2), pool_mode=mode), x)
+    assert "conv+fused" in f.explain() and "+pool" in f.explain()
+    assert len(f.explain().splitlines()) == 1
+    conv = np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) + b, 0)
+    np.testing.assert_allclose(got, ref_pool(conv, (2, 2), (2, 2), "valid", mode),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("build", [
+    lambda y: [K.pool2d(y, (2, 2), (1, 1))],                      # stride 1
+    lambda y: [K.pool2d(y, (3, 3), (3, 3))],                      # 3x3 windows
+    lambda y: [K.pool2d(y, (2, 2), (2, 2), padding="same")],      # 'same' padding
+    lambda y: [K.pool2d(y, (2, 2), (2, 2)), y],                   # the unpooled value is a result
+    lambda y: [K.pool2d(y, (2, 2), (2, 2)) + K.sum(y)],           # ... or read by another step
+    lambda y: [K.pool2d(y, (2, 2), (2, 2)), K.pool2d(y, (3, 3), (3, 3))],  # ... another pooling
+])
+def test_conv_pooling_that_is_not_fused(build):
+    x, w = rand(2, 8, 7, 2), rand(3, 3, 2, 3)
+    xp = K.placeholder((None, 8, 7, 2), dtype="float64")
+    y = K.relu(K.conv2d(xp, K.variable(w, dtype="float64")) - 0.5)
+    f = K.function([xp], build(y))
+    assert "+pool" not in f.explain()
+    yp = K.placeholder((None, 6, 5, 3), dtype="float64")
+    reference = K.function([yp], build(yp))  # the same graph after the convolution
+    for got, want in zip(f([x]), reference([np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) - 0.5, 0)])):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_conv_pooling_in_a_training_step_is_not_fused():
+    # the pooling's gradient reads the value before it: the two stay apart
+    x, w = rand(2, 8, 7, 2), rand(3, 3, 2, 3)
+    xp = K.placeholder((None, 8, 7, 2), dtype="float64")
+    kernel = K.variable(w, dtype="float64")
+    loss = K.sum(K.pool2d(K.relu(K.conv2d(xp, kernel) + 0.1), (2, 2), (2, 2)))
+    f = K.function([xp], [loss] + K.gradients(loss, [kernel]))
+    assert "+pool" not in f.explain()
+    conv = np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) + 0.1, 0)
+    np.testing.assert_allclose(f([x])[0], ref_pool(conv, (2, 2), (2, 2), "valid", "max").sum(),
+                               rtol=1e-12)
+
+
+def test_conv_epilogue_and_pooling_with_a_bias_broadcasting_only_at_run_time():
+    # fed one value for a bias compiled as one per channel, the step runs the
+    # convolution, the group with NumPy, then the pooling
+    x, w = rand(2, 6, 6, 2), rand(3, 3, 2, 3)
+    f, _ = _epilogue_function(lambda x, b: K.pool2d(K.relu(K.conv2d(x, K.variable(w, dtype="float64")) + b),
+                                                    (2, 2), (2, 2)), x, rand(3))
+    assert "+pool" in f.explain()
+    conv = ref_conv(x, w, (1, 1), "valid", (1, 1))
+    for b in (rand(3), rand(1)):
+        np.testing.assert_allclose(f([x, b])[0], ref_pool(np.maximum(conv + b, 0), (2, 2), (2, 2), "valid", "max"),
+                                   rtol=1e-12, atol=1e-12)
+
+
 def test_conv_result_read_elsewhere_is_not_an_epilogue():
     x, w = rand(2, 5, 5, 2), rand(3, 3, 2, 3)
     conv = ref_conv(x, w, (1, 1), "valid", (1, 1))

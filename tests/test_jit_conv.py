@@ -380,6 +380,55 @@ def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
+def reference_pool_2x2(y, mode):
+    """2x2 windows with stride 2, 'valid': an odd last row or column is left out."""
+    n, h, w, c = y.shape
+    windows = y[:, :h // 2 * 2, :w // 2 * 2].reshape(n, h // 2, 2, w // 2, 2, c)
+    return windows.max(axis=(2, 4)) if mode == 'max' else windows.mean(axis=(2, 4))
+
+
+POOLED_CONV_CASES = [  # x shape, kernel shape, padding: each convolution path
+    ((3, 9, 7, 5), (1, 1, 5, 4), 'valid'),    # the 1x1 product
+    ((3, 9, 8, 2), (3, 3, 2, 32), 'same'),    # the direct loop
+    ((3, 9, 10, 8), (3, 3, 8, 8), 'same'),    # Winograd
+    ((3, 10, 7, 5), (3, 3, 5, 4), 'valid'),   # im2col
+]
+
+
+@pytest.mark.parametrize('chunked', [True, False])
+@pytest.mark.parametrize('mode', ['max', 'avg'])
+@pytest.mark.parametrize('x_shape, w_shape, padding', POOLED_CONV_CASES)
+def test_conv_pooled(monkeypatch, winograd_chunks, x_shape, w_shape, padding, mode, chunked):
+    """A convolution pooled 2x2 after its epilogue, block by block: chunks of one
+    image (im2col, the direct loop) or two bands (Winograd: of 3 an image, so
+    that chunks cross images), or blocks of the whole batch; odd output rows
+    and columns left out."""
+    if chunked:
+        for name in ('_COLUMN_CHUNK_BYTES', '_DIRECT_CHUNK_BYTES', '_WINOGRAD_CHUNK_BYTES'):
+            monkeypatch.setattr(conv, name, 1)
+        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)  # 2 bands of 3 blocks; 3 an image
+    x, w, bias = random(x_shape), random(w_shape), random(w_shape[-1])
+
+    def epilogue(block, out):
+        np.maximum(block + bias, 0, out=out)
+
+    y = conv.conv_forward(x, w, 1, padding, epilogue=epilogue, pool=mode)
+    conv_out = np.maximum(reference_conv(x, w, 1, padding, 1) + bias, 0)
+    np.testing.assert_allclose(y, reference_pool_2x2(conv_out, mode), rtol=1e-12, atol=1e-12)
+    plain = conv.conv_forward(x, w, 1, padding, pool=mode)
+    np.testing.assert_allclose(plain, reference_pool_2x2(reference_conv(x, w, 1, padding, 1), mode),
+                               rtol=1e-12, atol=1e-12)
+    assert bool(winograd_chunks) == (w_shape[2] == 8)
+
+
+def test_conv_pooled_errors():
+    x, w = random((1, 6, 6, 2)), random((3, 3, 2, 4))
+    with pytest.raises(ValueError, match="conv_forward: pool must be 'max' or 'avg'.*'min'"):
+        conv.conv_forward(x, w, pool='min')
+    with pytest.raises(ValueError, match=r"after a 2-D convolution.*\(1, 6, 2\)"):
+        conv.conv_forward(random((1, 6, 2)), random((3, 2, 4)), pool='max')
+
+
 @pytest.mark.parametrize('kernel, channels', [((3, 3), 3), ((1, 1), 3), ((3, 3), 1)])
 def test_conv_float32(kernel, channels):
     """float32 in, float32 out, through im2col (one and several channels)

@@ -236,24 +236,33 @@ def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize('threads', [1, 2])
-def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads):
-    """Chunks of one image, split between threads, each block through the
-    epilogue into its own rows of the result."""
-    x, w, bias = random((5, 7, 6, 2)), random((3, 3, 2, 4)), random(4)
-    blocks = []
+def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w):
+    """conv_forward(x, w, 'same') through a bias + relu epilogue, with the chunk
+    size ``chunk_bytes`` at 1 byte and the parts on ``threads`` (run one after
+    another), checked against the brute-force convolution; returns the rows of
+    each block the epilogue got."""
+    bias, blocks = random(w.shape[-1]), []
 
     def epilogue(block, out):
         blocks.append(block.shape[0])
         np.maximum(block + bias, 0, out=out)
 
-    monkeypatch.setattr(conv, '_DIRECT_CHUNK_BYTES', 1)
+    monkeypatch.setattr(conv, chunk_bytes, 1)
     monkeypatch.setattr(blas, 'threads', lambda: threads)
     monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
     y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
-    assert blocks == [42] * 5 and direct_passes == [False, True] * 5
     expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    return blocks
+
+
+@pytest.mark.parametrize('threads', [1, 2])
+def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads):
+    """Chunks of one image, split between threads, each block through the
+    epilogue into its own rows of the result."""
+    blocks = _chunked_with_epilogue(monkeypatch, '_DIRECT_CHUNK_BYTES', threads,
+                                    random((5, 7, 6, 2)), random((3, 3, 2, 4)))
+    assert blocks == [42] * 5 and direct_passes == [False, True] * 5
 
 
 def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
@@ -336,20 +345,9 @@ def test_conv_winograd_float32(winograd_chunks):
 def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads):
     """Chunks of one band (an image's band split from the next), split between
     threads, each block of output rows through the epilogue."""
-    x, w, bias = random((3, 7, 6, 8)), random((3, 3, 8, 8)), random(8)
-    blocks = []
-
-    def epilogue(block, out):
-        blocks.append(block.shape[0])
-        np.maximum(block + bias, 0, out=out)
-
-    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
-    monkeypatch.setattr(blas, 'threads', lambda: threads)
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
-    y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
+    blocks = _chunked_with_epilogue(monkeypatch, '_WINOGRAD_CHUNK_BYTES', threads,
+                                    random((3, 7, 6, 8)), random((3, 3, 8, 8)))
     assert winograd_chunks == [1] * 6 and blocks == [24, 18] * 3  # 4 rows of 6, then 3
-    expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
-    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winograd_chunks):

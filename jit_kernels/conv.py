@@ -879,16 +879,14 @@ def _finisher(g, out_ch, epilogue, y2, pool, pooled):
         while start < stop:  # lines first..last-1 of an image, or whole images
             n, first = divmod(start, positions)
             if first or stop - start < positions:
-                end = min(stop, (n + 1) * positions)
-                last = (end - n * positions) // out_w
-                lines = block[:end - start].reshape(1, 1, last - first // out_w, out_w, out_ch)
-                target = pooled[n:n + 1, first // out_w // 2:last // 2]
+                images, end = 1, min(stop, (n + 1) * positions)
+                first, last = first // out_w, (end - n * positions) // out_w
             else:
                 images = (stop - start) // positions
-                end = start + images * positions
-                lines = block[:end - start].reshape(images, 1, out_h, out_w, out_ch)
-                target = pooled[n:n + images]
-            kernel(lines, target.reshape(lines.shape[0], 1, -1, out_w // 2, out_ch),
+                end, first, last = start + images * positions, 0, out_h
+            lines = block[:end - start].reshape(images, 1, last - first, out_w, out_ch)
+            target = pooled[n:n + images, first // 2:last // 2]
+            kernel(lines, target.reshape(images, 1, target.shape[1], out_w // 2, out_ch),
                    (1, 2, 2), (1, 2, 2), (0, 0, 0))
             block, start = block[end - start:], end
     return finish

@@ -419,6 +419,13 @@ def test_conv_pooled(monkeypatch, winograd_chunks, x_shape, w_shape, padding, mo
     assert bool(winograd_chunks) == (w_shape[2] == 8)
 
 
+@pytest.mark.parametrize('x_shape', [(2, 3, 8, 2), (2, 8, 3, 2), (2, 3, 3, 2)])
+def test_conv_pooled_to_nothing(x_shape):
+    """A convolution with one output row or column pools to none (2x2, 'valid')."""
+    y = conv.conv_forward(random(x_shape), random((3, 3, 2, 32)), pool='max')
+    assert y.shape == (2, (x_shape[1] - 2) // 2, (x_shape[2] - 2) // 2, 32)
+
+
 def test_conv_pooled_errors():
     x, w = random((1, 6, 6, 2)), random((3, 3, 2, 4))
     with pytest.raises(ValueError, match="conv_forward: pool must be 'max' or 'avg'.*'min'"):

@@ -373,7 +373,7 @@ def _winograd_inputs(rows, width, tiles_h, tiles_w, first_band, v, scratch):
 
     The two passes (B^T along the pixels of each of the 6 rows, then along the
     rows) are loops over the channels, which vectorise; both in one loop with
-    all 36 values compiled to scalar code, 4x slower.  No views are made in
+    all 36 values compiled to scalar code, 1.3-4x slower.  No views are made in
     the loops: each costs reference counting.
     """
     channels = rows.shape[1]

@@ -746,7 +746,10 @@ def _window_products(x5, g, w2, y2, finish=None):
 
 def _uses_winograd(g, batch, channels, out_ch, dtype):
     blocks = batch * -(-g.out[1] // 4) * -(-g.out[2] // 4)
-    return (g.kernel == (1, 3, 3) and g.stride == (1, 1, 1) and g.dilation == (1, 1, 1)
+    # one depth slice: a 3-D convolution with a (1, 3, 3) kernel over several
+    # slices is not one 2-D convolution of them
+    return (g.size[0] == 1 and g.kernel == (1, 3, 3) and g.stride == (1, 1, 1)
+            and g.dilation == (1, 1, 1)
             and min(channels, out_ch) >= WINOGRAD_MIN_CHANNELS
             and blocks >= max(WINOGRAD_MIN_BLOCKS, channels * out_ch // 1024)
             and dtype in (np.float32, np.float64))

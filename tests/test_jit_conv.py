@@ -318,6 +318,7 @@ WINOGRAD_CASES = [  # (N, H, W, C), out channels, padding: outputs of 4k, 4k + 1
     ((2, 3, 8, 8), 9, 'valid'),       # one output row
     ((1, 4, 3, 16), 8, 'same'),       # 4 x 3: one block, 3 columns of it
     ((3, 6, 6, 8), 8, 'same'),        # 6 x 6
+    ((2, 1, 6, 7, 8), 8, 'same'),     # a 3-D convolution of one depth slice, kernel (1, 3, 3)
 ]
 
 
@@ -325,10 +326,20 @@ WINOGRAD_CASES = [  # (N, H, W, C), out channels, padding: outputs of 4k, 4k + 1
 def test_conv_winograd(winograd_chunks, x_shape, out_ch, padding):
     """Winograd F(4x4, 3x3) for 3x3 kernels with stride 1 and 8 channels or more,
     on outputs that fill their 4x4 blocks and outputs that do not."""
-    x, w = random(x_shape), random((3, 3, x_shape[-1], out_ch))
+    x = random(x_shape)
+    w = random((1,) * (len(x_shape) - 4) + (3, 3, x_shape[-1], out_ch))
     y = conv.conv_forward(x, w, 1, padding)
-    assert sum(winograd_chunks) == x_shape[0] * -(-y.shape[1] // 4)
+    assert sum(winograd_chunks) == x_shape[0] * -(-y.shape[-3] // 4)
     np.testing.assert_allclose(y, reference_conv(x, w, 1, padding, 1), rtol=1e-12, atol=1e-12)
+
+
+def test_conv_3d_over_several_slices_is_not_winograd(winograd_chunks):
+    """A (1, 3, 3) kernel over several depth slices: each slice its own 2-D
+    convolution, which Winograd's loop (one slice) does not take."""
+    x, w = random((2, 3, 10, 9, 8)), random((1, 3, 3, 8, 8))
+    y = conv.conv_forward(x, w, 1, 'same')
+    assert winograd_chunks == []
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
 
 
 def test_conv_winograd_float32(winograd_chunks):

@@ -961,14 +961,31 @@ def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):
     if dy.shape[0] != x_shape[0] or dy.shape[-1] != w.shape[-1]:
         raise ValueError(f'conv_backward_input: gradient {dy.shape} does not match '
                          f'batch {x_shape[0]} and kernel {w.shape}')
-    out_ch = w.shape[-1]
+    channels, out_ch = w.shape[-2:]
     w2t = w.reshape(-1, out_ch).T
     dy2 = dy.reshape(-1, out_ch)
     if _is_pointwise(g):
         return np.matmul(dy2, w2t).reshape(x_shape)
     dx = np.empty(x_shape, dy.dtype)
+    full = _full_correlation(g)
+    if full is not None and _uses_winograd(full, dy.shape[0], out_ch, channels, dy.dtype):
+        # dx is dy's correlation with the kernel turned half a turn, its channels
+        # swapped: a 3x3 convolution with stride 1, which Winograd takes
+        flipped = np.ascontiguousarray(w.reshape(3, 3, channels, out_ch)[::-1, ::-1].swapaxes(2, 3))
+        _winograd_products(_as_5d_out(dy, g), full, flipped, dx.reshape(-1, channels))
+        return dx
     _gradient_to_columns(dy2, w2t, g, _as_5d(dx, g))
     return dx
+
+
+def _full_correlation(g):
+    """Where ``g`` is a 3x3 convolution with stride 1 over one depth slice, the
+    geometry of its input gradient as a convolution of the output gradient:
+    over the outputs, padded so that every output a tap of an input reaches is
+    read, giving the input's size; else None."""
+    if g.size[0] != 1 or g.kernel != (1, 3, 3) or g.stride != (1, 1, 1) or g.dilation != (1, 1, 1):
+        return None
+    return g._replace(size=g.out, pad=(0, 2 - g.pad[1], 2 - g.pad[2]), out=g.size)
 
 
 def conv_backward_kernel(x, dy, w_shape, strides=1, padding='valid', dilation=1):

@@ -333,6 +333,25 @@ def test_conv_winograd(winograd_chunks, x_shape, out_ch, padding):
     np.testing.assert_allclose(y, reference_conv(x, w, 1, padding, 1), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize('x_shape, padding', [((2, 9, 10, 8), 'valid'), ((2, 9, 10, 8), 'same'),
+                                               ((1, 6, 7, 16), 'same'), ((2, 1, 6, 7, 8), 'same')])
+def test_conv_backward_input_through_winograd(winograd_chunks, x_shape, padding):
+    """The input gradient of a 3x3 convolution with stride 1, as Winograd's
+    convolution of the output gradient by the kernel turned half a turn: the
+    adjoint of the brute-force convolution."""
+    x = random(x_shape)
+    w = random((1,) * (len(x_shape) - 4) + (3, 3, x_shape[-1], 8))
+    expected = reference_conv(x, w, 1, padding, 1)
+    dy = random(expected.shape)
+    dx = conv.conv_backward_input(dy, w, x.shape, 1, padding)
+    assert winograd_chunks and dx.shape == x.shape
+    np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+    # and of an inf in dy, inf only at the inputs whose windows reach it
+    dy[0, ..., 2, 3, :] = np.inf
+    dx = conv.conv_backward_input(dy, np.abs(w) + 0.5, x.shape, 1, padding)
+    assert np.isinf(dx).any() and not np.isnan(dx).any()
+
+
 def test_conv_3d_over_several_slices_is_not_winograd(winograd_chunks):
     """A (1, 3, 3) kernel over several depth slices: each slice its own 2-D
     convolution, which Winograd's loop (one slice) does not take."""

@@ -83,8 +83,8 @@ _DIRECT_CHUNK_BYTES = 512 << 10
 # 3x3 convolutions with stride 1 over at least this many input and output
 # channels run as Winograd F(4x4, 3x3) (_winograd_products): 36 multiplications
 # per 4x4 block of outputs and input channel where im2col + BLAS has 144.
-# mnist_cnn's second layer (32 -> 64 channels) ran 1.5-1.6x faster from batch
-# 16 up, 1.15x at batch 1.  Its float32 results are off by about 5e-6 of the
+# mnist_cnn's second layer (32 -> 64 channels) ran 1.5-1.75x faster from batch
+# 16 up, 1.15-1.3x at batch 1.  Its float32 results are off by about 6e-6 of the
 # largest output, where im2col's are off by about 7e-7.
 WINOGRAD_MIN_CHANNELS = 8
 # ... and over at least this many 4x4 blocks of outputs (36 at mnist_cnn's second
@@ -360,6 +360,39 @@ def _winograd_kernel_transform(w, g, u):
                                      + g2 * along_rows[xi, 2, k])
 
 
+@njit_cached(**_JIT)
+def _band_row(band, tiles_h, height, width):
+    """The first row (position) of a band (see :func:`_winograd_inputs`) in
+    images of ``height`` x ``width`` positions: outputs, or Winograd's padded
+    inputs; of band N*tiles_h, the number of rows."""
+    return ((band // tiles_h) * height + 4 * (band % tiles_h)) * width
+
+
+# The transforms multiply by 2, 4 and 8 as sums: a product with an integer
+# constant would be computed in float64 (Numba promotes float32 * int64), which
+# in the loops below meant conversions and half-width vectors.
+@njit_cached(inline='always')
+def _twice(x):
+    return x + x
+
+
+@njit_cached(inline='always')
+def _b_transposed(d0, d1, d2, d3, d4, d5):
+    """B^T times the six values (d0, ..., d5), in their own type."""
+    return (_twice(_twice(d0 - d2)) - d2 + d4, d3 + d4 - _twice(_twice(d1 + d2)),
+            _twice(_twice(d1 - d2)) - d3 + d4, _twice(d3 - d1) - d2 + d4,
+            _twice(d1 - d3) - d2 + d4, _twice(_twice(d1 - d3)) - d3 + d5)
+
+
+@njit_cached(inline='always')
+def _a_transposed(m0, m1, m2, m3, m4, m5):
+    """A^T times the six values (m0, ..., m5), in their own type."""
+    plus, minus = m1 + m2, m1 - m2
+    plus_far, minus_far = m3 + m4, m3 - m4
+    return (m0 + plus + plus_far, minus + _twice(minus_far), plus + _twice(_twice(plus_far)),
+            minus + _twice(_twice(_twice(minus_far))) + m5)
+
+
 @njit_cached(fastmath={'contract'}, **_JIT)
 def _winograd_inputs(rows, width, tiles_h, tiles_w, first_band, v, scratch):
     """B^T d B of every 6x6 block d of inputs under a 4x4 block of outputs.
@@ -378,53 +411,39 @@ def _winograd_inputs(rows, width, tiles_h, tiles_w, first_band, v, scratch):
     """
     channels = rows.shape[1]
     blocks = v.shape[0] // 36
-    image_rows = (4 * tiles_h + 2) * width
     for t in range(blocks):
-        band = first_band + t // tiles_w
-        top = (band // tiles_h) * image_rows + 4 * (band % tiles_h) * width + 4 * (t % tiles_w)
-        for i in range(6):
+        top = _band_row(first_band + t // tiles_w, tiles_h, 4 * tiles_h + 2, width) + 4 * (t % tiles_w)
+        for i in range(6):  # B^T along the pixels of row i: scratch[6*nu + i]
             r = top + i * width
             for c in range(channels):
-                d1, d2, d3, d4 = rows[r + 1, c], rows[r + 2, c], rows[r + 3, c], rows[r + 4, c]
-                scratch[i, c] = 4 * rows[r, c] - 5 * d2 + d4
-                scratch[6 + i, c] = d3 + d4 - 4 * (d1 + d2)
-                scratch[12 + i, c] = 4 * (d1 - d2) - d3 + d4
-                scratch[18 + i, c] = 2 * (d3 - d1) - d2 + d4
-                scratch[24 + i, c] = 2 * (d1 - d3) - d2 + d4
-                scratch[30 + i, c] = 4 * d1 - 5 * d3 + rows[r + 5, c]
-        for nu in range(6):
+                e0, e1, e2, e3, e4, e5 = _b_transposed(rows[r, c], rows[r + 1, c], rows[r + 2, c],
+                                                       rows[r + 3, c], rows[r + 4, c], rows[r + 5, c])
+                scratch[i, c], scratch[6 + i, c], scratch[12 + i, c] = e0, e1, e2
+                scratch[18 + i, c], scratch[24 + i, c], scratch[30 + i, c] = e3, e4, e5
+        for nu in range(6):  # B^T along the rows
             s = 6 * nu
             for c in range(channels):
-                d1, d2, d3, d4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
-                v[nu * blocks + t, c] = 4 * scratch[s, c] - 5 * d2 + d4
-                v[(6 + nu) * blocks + t, c] = d3 + d4 - 4 * (d1 + d2)
-                v[(12 + nu) * blocks + t, c] = 4 * (d1 - d2) - d3 + d4
-                v[(18 + nu) * blocks + t, c] = 2 * (d3 - d1) - d2 + d4
-                v[(24 + nu) * blocks + t, c] = 2 * (d1 - d3) - d2 + d4
-                v[(30 + nu) * blocks + t, c] = 4 * d1 - 5 * d3 + scratch[s + 5, c]
+                e0, e1, e2, e3, e4, e5 = _b_transposed(scratch[s, c], scratch[s + 1, c], scratch[s + 2, c],
+                                                       scratch[s + 3, c], scratch[s + 4, c], scratch[s + 5, c])
+                v[nu * blocks + t, c], v[(6 + nu) * blocks + t, c] = e0, e1
+                v[(12 + nu) * blocks + t, c], v[(18 + nu) * blocks + t, c] = e2, e3
+                v[(24 + nu) * blocks + t, c], v[(30 + nu) * blocks + t, c] = e4, e5
 
 
-# 'reassoc' lets the sum vectorise; without 'nnan' and 'ninf', x * 0 stays a NaN
-# for an inf or NaN x
+# 'reassoc' lets the sum vectorise; without 'nnan' and 'ninf', x - x stays a NaN
+# for an inf or NaN x (and is 0 otherwise)
 @njit_cached(fastmath={'reassoc', 'contract'}, **_JIT)
 def _all_finite(rows):
     """Whether the C-contiguous (n, C) ``rows`` hold no inf or NaN."""
     values = rows.reshape(-1)
     total = np.zeros(1, rows.dtype)[0]
     for i in range(values.size):
-        total += values[i] * 0
+        total += values[i] - values[i]
     return total == 0
 
 
 class _NonFiniteInput(Exception):
     """An inf or NaN among a Winograd convolution's inputs."""
-
-
-@njit_cached(**_JIT)
-def _band_row(band, tiles_h, out_h, out_w):
-    """The first output position of a band (see :func:`_winograd_inputs`); of
-    band N*tiles_h, the number of positions."""
-    return ((band // tiles_h) * out_h + 4 * (band % tiles_h)) * out_w
 
 
 @njit_cached(fastmath={'contract'}, **_JIT)
@@ -444,32 +463,25 @@ def _winograd_outputs(m, tiles_h, tiles_w, out_h, out_w, first_band, out, scratc
         band, tx = first_band + t // tiles_w, t % tiles_w
         for nu in range(6):  # A^T along xi: scratch[6*a + nu] for a < 4
             for c in range(out_ch):
-                m0, m5 = m[nu * blocks + t, c], m[(30 + nu) * blocks + t, c]
-                m1, m2 = m[(6 + nu) * blocks + t, c], m[(12 + nu) * blocks + t, c]
-                m3, m4 = m[(18 + nu) * blocks + t, c], m[(24 + nu) * blocks + t, c]
-                scratch[nu, c] = m0 + m1 + m2 + m3 + m4
-                scratch[6 + nu, c] = m1 - m2 + 2 * (m3 - m4)
-                scratch[12 + nu, c] = m1 + m2 + 4 * (m3 + m4)
-                scratch[18 + nu, c] = m1 - m2 + 8 * (m3 - m4) + m5
+                y0, y1, y2, y3 = _a_transposed(m[nu * blocks + t, c], m[(6 + nu) * blocks + t, c],
+                                               m[(12 + nu) * blocks + t, c], m[(18 + nu) * blocks + t, c],
+                                               m[(24 + nu) * blocks + t, c], m[(30 + nu) * blocks + t, c])
+                scratch[nu, c], scratch[6 + nu, c], scratch[12 + nu, c], scratch[18 + nu, c] = y0, y1, y2, y3
         top = _band_row(band, tiles_h, out_h, out_w) - origin + 4 * tx
         columns = min(4, out_w - 4 * tx)
         for a in range(min(4, out_h - 4 * (band % tiles_h))):  # A^T along nu
             r, s = top + a * out_w, 6 * a
             if columns == 4:
                 for c in range(out_ch):
-                    s1, s2, s3, s4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
-                    out[r, c] = scratch[s, c] + s1 + s2 + s3 + s4
-                    out[r + 1, c] = s1 - s2 + 2 * (s3 - s4)
-                    out[r + 2, c] = s1 + s2 + 4 * (s3 + s4)
-                    out[r + 3, c] = s1 - s2 + 8 * (s3 - s4) + scratch[s + 5, c]
+                    y0, y1, y2, y3 = _a_transposed(scratch[s, c], scratch[s + 1, c], scratch[s + 2, c],
+                                                   scratch[s + 3, c], scratch[s + 4, c], scratch[s + 5, c])
+                    out[r, c], out[r + 1, c], out[r + 2, c], out[r + 3, c] = y0, y1, y2, y3
             else:  # a block past the right edge: its first 1 to 3 columns
                 for c in range(out_ch):
-                    s1, s2, s3, s4 = scratch[s + 1, c], scratch[s + 2, c], scratch[s + 3, c], scratch[s + 4, c]
-                    out[r, c] = scratch[s, c] + s1 + s2 + s3 + s4
-                    if columns > 1:
-                        out[r + 1, c] = s1 - s2 + 2 * (s3 - s4)
-                    if columns > 2:
-                        out[r + 2, c] = s1 + s2 + 4 * (s3 + s4)
+                    y = _a_transposed(scratch[s, c], scratch[s + 1, c], scratch[s + 2, c],
+                                      scratch[s + 3, c], scratch[s + 4, c], scratch[s + 5, c])
+                    for j in range(columns):
+                        out[r + j, c] = y[j]
 
 
 @njit_cached_twins(**_JIT)
@@ -571,11 +583,13 @@ def _depthwise_backward_kernel(x, dy, dw, stride, dilation, pad):
 # ---------------------------------------------------------------------------
 # Column-matrix helpers shared by the convolutions.
 
-def _padded(x5, g):
+def _padded(x5, g, reach=None):
     """x5, or where the windows reach into the padding a zero-padded copy of it
-    (cut to what the windows reach)."""
-    reach = tuple((o - 1) * s + (k - 1) * d + 1
-                  for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
+    (cut to what the windows reach, or to ``reach`` (D, H, W) where given, which
+    they do not pass)."""
+    if reach is None:
+        reach = tuple((o - 1) * s + (k - 1) * d + 1
+                      for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
     if not any(g.pad) and all(r <= size for r, size in zip(reach, g.size)):
         return x5
     padded = np.zeros(x5.shape[:1] + reach + x5.shape[-1:], x5.dtype)
@@ -755,19 +769,6 @@ def _uses_winograd(g, batch, channels, out_ch, dtype):
             and dtype in (np.float32, np.float64))
 
 
-def _winograd_padded(x5, g, height, width):
-    """The images of x5 (N, 1, H, W, C) as (N, height, width, C): x5's own buffer
-    where it has that size and no padding, else a copy into zeros."""
-    _, pad_h, pad_w = g.pad
-    x4 = x5[:, 0]
-    if not pad_h and not pad_w and x4.shape[1:3] == (height, width):
-        return x4
-    padded = np.zeros((x4.shape[0], height, width, x4.shape[3]), x4.dtype)
-    rows, cols = min(x4.shape[1], height - pad_h), min(x4.shape[2], width - pad_w)
-    padded[:, pad_h:pad_h + rows, pad_w:pad_w + cols] = x4[:, :rows, :cols]
-    return padded
-
-
 def _winograd_products(x5, g, w, y2, finish=None):
     """What :func:`_columns_times` computes for a 3x3 kernel ``w`` (3, 3, C, OC)
     with stride 1, as Winograd F(4x4, 3x3) over bands of 4 output rows of an
@@ -778,7 +779,7 @@ def _winograd_products(x5, g, w, y2, finish=None):
     out_h, out_w = g.out[1], g.out[2]
     tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
     height, width = 4 * tiles_h + 2, 4 * tiles_w + 2
-    rows = _winograd_padded(x5, g, height, width).reshape(-1, channels)
+    rows = _padded(x5, g, (1, height, width)).reshape(-1, channels)
     u = np.empty((36, channels * out_ch), w.dtype)
     _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u)
     u = u.reshape(36, channels, out_ch)
@@ -801,8 +802,8 @@ def _winograd_products(x5, g, w, y2, finish=None):
             m_rows = m[:36 * blocks * out_ch].reshape(36 * blocks, out_ch)
             # An inf or NaN would reach every output of the blocks that read it
             # (inf - inf in the transforms): such inputs go through im2col.
-            top = (first // tiles_h * height + 4 * (first % tiles_h)) * width
-            bottom = ((end - 1) // tiles_h * height + 4 * ((end - 1) % tiles_h) + 6) * width
+            top = _band_row(first, tiles_h, height, width)
+            bottom = _band_row(end - 1, tiles_h, height, width) + 6 * width
             if not _all_finite(rows[top:bottom]):
                 raise _NonFiniteInput
             _winograd_inputs(rows, width, tiles_h, tiles_w, first, v_rows, in_scratch)

@@ -715,9 +715,8 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
     ``call(*node_inputs, *group_inputs_but_node)``.  Run-time shapes the
     kernel does not take (a last axis of another length) run the node, then
     the group with NumPy, then the pool."""
-    impl = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
-    if pool is not None:
-        impl = functools.partial(impl, pool=pool.attrs["mode"])
+    unpooled = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
     pool_call = None if pool is None else library_call(pool)
     own = len(node.inputs)
 
@@ -738,8 +737,7 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
         try:
             return impl(*arrays[:own], epilogue=epilogue)
         except _EpilogueMismatch:
-            unpooled = OPS[node.op].impl
-            group_inputs[position] = unpooled(*arrays[:own], **node.attrs)
+            group_inputs[position] = unpooled(*arrays[:own])
             result = fallback(*group_inputs)[0]
             return result if pool_call is None else pool_call(result)
     return call

@@ -661,7 +661,9 @@ def _in_image_parts(batch, chunk, run):
     second layer this ran 1.5-1.8x faster from batch 16 up than one copy at a
     time followed by a product on both threads; with less than a chunk per
     part (batch 8 there, or its first layer at batch 64) it was no faster."""
-    parts = min(blas.threads(), batch // chunk)
+    parts = batch // chunk
+    if parts >= 2:  # threads() is a call into OpenBLAS: not at batch 1
+        parts = min(blas.threads(), parts)
     if parts < 2:
         return [run(0, batch)]
     per = -(-batch // parts)

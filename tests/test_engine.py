@@ -265,6 +265,14 @@ def test_wrong_shape_names_the_placeholder():
         f([np.ones((2, 4))])
 
 
+def test_wrong_rank_names_the_placeholder():
+    a = K.placeholder((None, 3), name="alpha")
+    f = K.function([a], [a + 1.0])
+    for value in (np.ones(3), np.ones((2, 3, 1)), 1.0):
+        with pytest.raises(ValueError, match=r"'alpha'.*\(None, 3\)"):
+            f([value])
+
+
 def test_uncastable_dtype_names_the_placeholder():
     a = K.placeholder((3,), dtype="int32", name="idx")
     f = K.function([a], [a + 1])

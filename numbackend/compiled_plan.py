@@ -23,7 +23,9 @@ from jit_kernels import blas
 
 from . import codegen
 
-_PRODUCT = "blas.matmul"  # of float32 or float64 matrices
+# of float32 or float64 matrices; the second computes the same product with the
+# operands' roles swapped inside BLAS (a scan's loop times both)
+_PRODUCT, _PRODUCT_TRANSPOSED = "blas.matmul", "blas.matmul_transposed"
 
 # the generated module's first lines
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached",
@@ -36,9 +38,11 @@ the kernels the lines call (after :data:`HEADER`), the constants the lines read
 (to pass as arguments) and the (variable, name) pairs whose values they read."""
 
 
-def render(plan):
+def render(plan, transposable=False):
     """The plan's steps as a :class:`Rendered`, or None where a step has no
-    compiled form (or NumPy's BLAS is not one jit_kernels.blas can call)."""
+    compiled form (or NumPy's BLAS is not one jit_kernels.blas can call).
+    ``transposable``: each product runs as :data:`_PRODUCT_TRANSPOSED` where a
+    variable ``transposed`` of the lines' function is true."""
     if not blas.AVAILABLE:
         return None
     lines, kernels, variables = [], {}, []
@@ -55,7 +59,7 @@ def render(plan):
             lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
         _, node, ins, out = entry
-        library = _library_lines(node, ins, out)
+        library = _library_lines(node, ins, out, transposable)
         if library is None:
             return None
         lines += library
@@ -65,7 +69,7 @@ def render(plan):
     return Rendered(lines, kernel_lines, constant_names, variables)
 
 
-def _library_lines(node, ins, out):
+def _library_lines(node, ins, out, transposable=False):
     """The lines of a library step, or None where it has no compiled form."""
     if node.op == "dot":
         a, b = node.inputs
@@ -75,8 +79,12 @@ def _library_lines(node, ins, out):
         ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
         rows = f"{ins[0]}.shape[{1 if ta else 0}]"
         cols = f"{ins[1]}.shape[{0 if tb else 1}]"
-        return [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})",
-                f"{_PRODUCT}({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"]
+        operands = f"({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"
+        lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
+        if not transposable:
+            return lines + [_PRODUCT + operands]
+        return lines + ["if transposed:", f"    {_PRODUCT_TRANSPOSED}{operands}",
+                        "else:", f"    {_PRODUCT}{operands}"]
     if node.op == "concatenate":  # the gradient of per-gate slices
         if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
             return None

@@ -17,6 +17,7 @@ wait for each other, while a product shared between threads would synchronise
 them at every step, and a batch's small product gains little from a second
 thread (jit_kernels/blas.py).
 """
+import time
 import warnings
 
 import numba
@@ -36,6 +37,17 @@ MIN_ROWS_PER_THREAD = 8
 MIN_SPLIT_ELEMENTS = 1 << 19
 # The rows lo:hi of an unsplit loop: all of them.
 _ALL_ROWS = np.iinfo(np.int64).max
+# A loop of this many steps or more whose step has matrix products first runs
+# PROBE_STEPS steps with the products as they are, as many with them
+# transposed (blas.matmul_transposed), and again both, and runs the rest, and
+# later calls with as many rows, the faster way where it took at most
+# PROBE_MARGIN of the other's time.  Which is faster depends on the shapes and
+# on the BLAS: in NumPy 2.4's OpenBLAS the W5 LSTM's products over 16 rows (one
+# thread each) ran in half the time transposed (W5 1.2x faster), while 16 x 784
+# by 784 x 512 or 16 x 256 by 256 x 1024 ran 7-20% slower so.
+PROBE_MIN_STEPS = 32
+PROBE_STEPS = 4
+PROBE_MARGIN = 0.9
 
 
 class Loop:
@@ -44,13 +56,15 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants, where, row_aligned):
+    def __init__(self, source, constants, where, row_aligned, has_products):
         self.source = source
         self.constants = constants
         self.where = where
         # per invariant, whether it may line up with the rows (then its first axis
         # says: the rows' length, or 1 to be shared); None where a step mixes rows
         self.row_aligned = row_aligned
+        self.has_products = has_products
+        self.transposed = {}  # (rows, parts) -> whether the products run transposed
         self._function = None
         self._compiles = True
 
@@ -64,9 +78,10 @@ class Loop:
             if bounds is not None:
                 return self._run_split(bounds, first, steps, reverse, seqs, states, invariants,
                                        stacked)
-            arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
-            return self._function(first, steps, reverse, 0, _ALL_ROWS, *arrays, *self.constants,
-                                  *stacked)
+            seqs, states, invariants = ([np.ascontiguousarray(a) for a in arrays]
+                                        for arrays in (seqs, states, invariants))
+            return self._run_rows(first, steps, reverse, 0, _ALL_ROWS, seqs, states, invariants,
+                                  stacked, 1)
         except numba.core.errors.NumbaError as exc:
             warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
                           f"step at a time from Python ({type(exc).__name__}: {str(exc)[:200]})",
@@ -75,6 +90,28 @@ class Loop:
             return None
         except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
             return None
+
+    def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
+        """Steps first..steps-1 over rows lo:hi (of states and invariants already
+        cut to them), one of ``parts`` run at once; the final states.  Probes the
+        products' two ways first where not yet done for as many rows and parts
+        (see PROBE_MIN_STEPS)."""
+        def run(start, stop, transposed, states):
+            return self._function(start, stop, steps, reverse, lo, hi, transposed, *seqs, *states,
+                                  *invariants, *self.constants, *stacked)
+
+        rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
+        shape = (rows, parts)
+        transposed = self.transposed.get(shape)
+        if transposed is None and self.has_products and steps - first >= PROBE_MIN_STEPS:
+            took = {False: 0.0, True: 0.0}
+            for way in (False, True, False, True):
+                start = time.perf_counter()
+                states = run(first, first + PROBE_STEPS, way, states)
+                took[way] += time.perf_counter() - start
+                first += PROBE_STEPS
+            transposed = self.transposed[shape] = took[True] <= PROBE_MARGIN * took[False]
+        return run(first, steps, bool(transposed), states)
 
     def _row_bounds(self, steps, seqs, states, invariants):
         """Where the rows are cut between threads (first row of each part, then the
@@ -107,9 +144,9 @@ class Loop:
 
         def run_part(i):
             lo, hi = bounds[i], bounds[i + 1]
-            cut = [s[lo:hi] for s in states] + [v[lo:hi] if c else v for c, v in zip(split, invariants)]
-            return self._function(first, steps, reverse, lo, hi, *seqs, *cut, *self.constants,
-                                  *stacked)
+            return self._run_rows(first, steps, reverse, lo, hi, seqs, [s[lo:hi] for s in states],
+                                  [v[lo:hi] if c else v for c, v in zip(split, invariants)],
+                                  stacked, len(bounds) - 1)
 
         parts = blas.run_parts(len(bounds) - 1, run_part)
         return tuple(np.concatenate(finals) for finals in zip(*parts))
@@ -123,7 +160,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]) or any(
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
         return None  # a step's scalar is a NumPy scalar in the plan, not an array
-    rendered = compiled_plan.render(plan)
+    rendered = compiled_plan.render(plan, transposable=True)
     if rendered is None or rendered.variables:  # a body reads its invariants as inputs
         return None
     body, constant_names = rendered.lines, rendered.constant_names
@@ -135,12 +172,14 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     state_names = [f"p{n_seq + j}" for j in range(n_state)]
     results = plan.result_names
     lines = compiled_plan.HEADER + rendered.kernel_lines
-    params = ["first", "steps", "reverse", "lo", "hi"] + seq_names + init_names + inv_names
+    # steps first..stop-1 of steps (reverse: counting from the last)
+    params = (["first", "stop", "steps", "reverse", "lo", "hi", "transposed"]
+              + seq_names + init_names + inv_names)
     lines += ["", "", "@njit_cached(nogil=True)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
     lines += [f"    p{n_seq + n_state + m} = {name}" for m, name in enumerate(inv_names)]
     lines += [f"    {state} = {init}" for state, init in zip(state_names, init_names)]
-    lines += ["    for n in range(first, steps):",
+    lines += ["    for n in range(first, stop):",
               "        t = steps - 1 - n if reverse else n"]
     lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
     lines += ["        " + line for line in body]
@@ -148,8 +187,9 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
+    has_products = any(compiled_plan._PRODUCT_TRANSPOSED in line for line in body)
     return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
-                _row_aligned(plan, n_seq, n_state))
+                _row_aligned(plan, n_seq, n_state), has_products)
 
 
 def _row_aligned(plan, n_seq, n_state):

@@ -536,6 +536,51 @@ def split_runs(monkeypatch):
     return runs
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+@pytest.mark.parametrize("margin, transposed", [(0.0, False), (1e9, True)])
+def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, request, split,
+                                                                 go_backwards, margin, transposed):
+    # a loop of enough steps runs a few with its products as they are and as
+    # many transposed, twice, then the rest (and later calls) the way PROBE_MARGIN
+    # picks: 0 keeps them as they are, 1e9 transposes them; the same numbers
+    # either way, forward and back-propagating
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_loop
+    runs = request.getfixturevalue("split_runs") if split else []
+    monkeypatch.setattr(scan_loop, "PROBE_MIN_STEPS", 4)
+    monkeypatch.setattr(scan_loop, "PROBE_STEPS", 1)
+    monkeypatch.setattr(scan_loop, "PROBE_MARGIN", margin)
+    loops, run = [], scan_loop.Loop.run
+
+    def spied(self, *args):
+        loops.append(self)
+        return run(self, *args)
+    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    steps = 9
+    w_v, u_v, b_v = weights()
+    w, u, b = (K.variable(v, dtype="float64") for v in (w_v, u_v, b_v))
+    x = K.placeholder((None, steps, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+
+    def step(x_t, states):
+        h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u) + b)
+        return h, [h]
+    _, outputs, _ = K.rnn(step, x, [h0], go_backwards=go_backwards)
+    fn = K.function([x, h0], [outputs] + K.gradients(K.sum(outputs * outputs), [u]))
+    xv, hv = RNG.standard_normal((4, steps, I)), RNG.standard_normal((4, U))
+    for _ in range(2):  # the second call runs the way the first picked
+        got = fn([xv, hv])
+        np.testing.assert_allclose(got[0], numpy_rnn(xv, w_v, u_v, b_v, hv, backwards=go_backwards)[1],
+                                   rtol=1e-10, atol=1e-12)
+        loss = lambda u_: (numpy_rnn(xv, w_v, u_, b_v, hv, backwards=go_backwards)[1] ** 2).sum()
+        np.testing.assert_allclose(got[1], numeric_gradient(loss, u_v), rtol=1e-5, atol=1e-7)
+    assert len(loops) == 4 and bool(runs) == split  # forward and back, on each call
+    parts = 2 if split else 1
+    assert all(loop.transposed == {(4 // parts, parts): transposed} for loop in loops)
+
+
 def _masked_rnn_step(w, u, keep, shift):
     def step(x_t, states):
         h = K.tanh(K.dot(x_t, w) + K.dot(states[0] * keep, u) + shift)

@@ -100,10 +100,12 @@ class Loop:
             return self._function(start, stop, steps, reverse, lo, hi, transposed, *seqs, *states,
                                   *invariants, *self.constants, *stacked)
 
+        if not self.has_products:
+            return run(first, steps, False, states)
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         shape = (rows, parts)
         transposed = self.transposed.get(shape)
-        if transposed is None and self.has_products and steps - first >= PROBE_MIN_STEPS:
+        if transposed is None and steps - first >= PROBE_MIN_STEPS:
             took = {False: 0.0, True: 0.0}
             for way in (False, True, False, True):
                 start = time.perf_counter()

@@ -581,6 +581,32 @@ def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, req
     assert all(loop.transposed == {(4 // parts, parts): transposed} for loop in loops)
 
 
+def test_a_long_loop_without_products_runs_without_timing(monkeypatch):
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_loop
+    monkeypatch.setattr(scan_loop, "PROBE_MIN_STEPS", 4)
+    loops, run = [], scan_loop.Loop.run
+
+    def spied(self, *args):
+        loops.append(self)
+        return run(self, *args)
+    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    x = K.placeholder((None, 12, U), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+
+    def step(x_t, states):
+        h = states[0] * 0.5 + x_t
+        return h, [h]
+    last, _, _ = K.rnn(step, x, [h0])
+    xv, hv = RNG.standard_normal((3, 12, U)), RNG.standard_normal((3, U))
+    want = hv
+    for t in range(12):
+        want = want * 0.5 + xv[:, t]
+    np.testing.assert_allclose(K.function([x, h0], [last])([xv, hv])[0], want, rtol=1e-12)
+    assert len(loops) == 1 and not loops[0].has_products and loops[0].transposed == {}
+
+
 def _masked_rnn_step(w, u, keep, shift):
     def step(x_t, states):
         h = K.tanh(K.dot(x_t, w) + K.dot(states[0] * keep, u) + shift)

@@ -189,7 +189,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    has_products = any(compiled_plan._PRODUCT_TRANSPOSED in line for line in body)
+    has_products = any(entry[0] == "library" and entry[1].op == "dot" for entry in plan.program)
     return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
                 _row_aligned(plan, n_seq, n_state), has_products)
 

@@ -195,22 +195,6 @@ def matmul(a, b, out, transpose_a, transpose_b):
 
 
 @njit_cached()
-def matmul_transposed(a, b, out, transpose_a, transpose_b):
-    """What :func:`matmul` computes, as the transpose of op(b)^T @ op(a)^T: the
-    same product with the operands' roles swapped inside BLAS, then copied
-    across.  Some shapes run much faster so in NumPy's OpenBLAS (one thread,
-    16 x 128 by 128 x 512, an LSTM's recurrent product over half a batch of
-    32: 73 against 155 us) and others slower; scan_loop.py times both."""
-    m, n, k = _dims(a, b, out, transpose_a, transpose_b)
-    if m <= 1 or n <= 1 or k == 0:  # a matrix times a vector, or nothing to multiply
-        matmul(a, b, out, transpose_a, transpose_b)
-        return
-    swapped = np.empty((n, m), out.dtype)
-    _general_product(b, a, swapped, not transpose_b, not transpose_a, n, m, k)
-    out[:, :] = swapped.T
-
-
-@njit_cached()
 def _matrix_times_vector(matrix, transpose, vector, out):
     """out's elements = op(matrix) @ vector's: BLAS's gemm would treat a product with
     one row or column as a general one, several times slower than its gemv."""

@@ -23,29 +23,34 @@ from jit_kernels import blas
 
 from . import codegen
 
-# of float32 or float64 matrices; the second computes the same product with the
-# operands' roles swapped inside BLAS (a scan's loop times both)
-_PRODUCT, _PRODUCT_TRANSPOSED = "blas.matmul", "blas.matmul_transposed"
+# of float32 or float64 matrices; the second with its right operand packed
+# before the lines run (jit_kernels.packed: a scan's loop times both)
+_PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
 
 # the generated module's first lines
-HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached",
+HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed",
           "from numbackend.codegen import loaded_kernel", ""]
 
-Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables")
+Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables packing_lines")
 Rendered.__doc__ = """A plan's steps as source: ``lines`` (in the plan's names: p0.. for
 placeholders, v.. for values, c../s.. for constants), ``kernel_lines`` binding
 the kernels the lines call (after :data:`HEADER`), the constants the lines read
-(to pass as arguments) and the (variable, name) pairs whose values they read."""
+(to pass as arguments), the (variable, name) pairs whose values they read, and
+the lines that pack the right operands of products (to run before ``lines``;
+see :func:`render`)."""
 
 
-def render(plan, transposable=False):
+def render(plan, packable=()):
     """The plan's steps as a :class:`Rendered`, or None where a step has no
     compiled form (or NumPy's BLAS is not one jit_kernels.blas can call).
-    ``transposable``: each product runs as :data:`_PRODUCT_TRANSPOSED` where a
-    variable ``transposed`` of the lines' function is true."""
+    ``packable``: the names of placeholders that keep their values while the
+    lines run again and again; each product by one of them (not transposing its
+    left operand) runs as :data:`_PRODUCT_PACKED`, its right operand packed by
+    the packing lines, where a variable ``packed_products`` of the lines'
+    function is true."""
     if not blas.AVAILABLE:
         return None
-    lines, kernels, variables = [], {}, []
+    lines, kernels, variables, packings = [], {}, [], {}
     for entry in plan.program:
         if entry[0] == "unsupported":
             return None
@@ -59,18 +64,23 @@ def render(plan, transposable=False):
             lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
         _, node, ins, out = entry
-        library = _library_lines(node, ins, out, transposable)
+        library = _library_lines(node, ins, out, packable, packings)
         if library is None:
             return None
         lines += library
     used = set(re.findall(r"\w+", "\n".join(lines + plan.result_names)))
     constant_names = sorted(c for c in plan.constants if c in used)
     kernel_lines = [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in kernels.items()]
-    return Rendered(lines, kernel_lines, constant_names, variables)
+    packing_lines = [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
+                     f"np.empty((0, 0, 0), dtype={b}.dtype))"
+                     for (b, tb), name in packings.items()]
+    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines)
 
 
-def _library_lines(node, ins, out, transposable=False):
-    """The lines of a library step, or None where it has no compiled form."""
+def _library_lines(node, ins, out, packable=(), packings=None):
+    """The lines of a library step, or None where it has no compiled form.  A
+    product by a ``packable`` placeholder adds the name of its packed form to
+    ``packings``, under (placeholder, whether transposed)."""
     if node.op == "dot":
         a, b = node.inputs
         if (a.ndim != 2 or b.ndim != 2 or node.dtype not in ("float32", "float64")
@@ -81,9 +91,10 @@ def _library_lines(node, ins, out, transposable=False):
         cols = f"{ins[1]}.shape[{0 if tb else 1}]"
         operands = f"({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"
         lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
-        if not transposable:
+        if ta or ins[1] not in packable:
             return lines + [_PRODUCT + operands]
-        return lines + ["if transposed:", f"    {_PRODUCT_TRANSPOSED}{operands}",
+        panels = packings.setdefault((ins[1], tb), f"packed{len(packings)}")
+        return lines + ["if packed_products:", f"    {_PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
                         "else:", f"    {_PRODUCT}{operands}"]
     if node.op == "concatenate":  # the gradient of per-gate slices
         if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):

@@ -37,17 +37,19 @@ MIN_ROWS_PER_THREAD = 8
 MIN_SPLIT_ELEMENTS = 1 << 19
 # The rows lo:hi of an unsplit loop: all of them.
 _ALL_ROWS = np.iinfo(np.int64).max
-# A loop of this many steps or more whose step has matrix products first runs
-# PROBE_STEPS steps with the products as they are, as many with them
-# transposed (blas.matmul_transposed), and again both, and runs the rest, and
-# later calls with as many rows, the faster way where it took at most
-# PROBE_MARGIN of the other's time.  Which is faster depends on the shapes and
-# on the BLAS: in NumPy 2.4's OpenBLAS the W5 LSTM's products over 16 rows (one
-# thread each) ran in half the time transposed (W5 1.2x faster), while 16 x 784
-# by 784 x 512 or 16 x 256 by 256 x 1024 ran 7-20% slower so.
+# A step's products by invariants (an RNN's recurrent weights) run through BLAS
+# or with the weights packed once per loop (jit_kernels.packed), which is
+# faster for every product of two rows or more measured here (the W5 LSTM's
+# over 16 rows, one thread each: 48-59 against 130-158 us in OpenBLAS), but
+# slower for a single row, where BLAS's gemv is better.  A loop of this many
+# steps or more first runs PROBE_STEPS steps through BLAS, as many packed, and
+# again both, and runs the rest, and later calls with as many rows, the faster
+# way (packed where it took at most PROBE_MARGIN of BLAS's time); a shorter one
+# runs packed from PACKED_MIN_ROWS rows.
 PROBE_MIN_STEPS = 32
 PROBE_STEPS = 4
 PROBE_MARGIN = 0.9
+PACKED_MIN_ROWS = 2
 
 
 class Loop:
@@ -56,15 +58,15 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants, where, row_aligned, has_products):
+    def __init__(self, source, constants, where, row_aligned, has_packable):
         self.source = source
         self.constants = constants
         self.where = where
         # per invariant, whether it may line up with the rows (then its first axis
         # says: the rows' length, or 1 to be shared); None where a step mixes rows
         self.row_aligned = row_aligned
-        self.has_products = has_products
-        self.transposed = {}  # (rows, parts) -> whether the products run transposed
+        self.has_packable = has_packable  # products by invariants
+        self.packed = {}  # (rows, parts) -> whether they run packed
         self._function = None
         self._compiles = True
 
@@ -96,24 +98,26 @@ class Loop:
         cut to them), one of ``parts`` run at once; the final states.  Probes the
         products' two ways first where not yet done for as many rows and parts
         (see PROBE_MIN_STEPS)."""
-        def run(start, stop, transposed, states):
-            return self._function(start, stop, steps, reverse, lo, hi, transposed, *seqs, *states,
+        def run(start, stop, packed, states):
+            return self._function(start, stop, steps, reverse, lo, hi, packed, *seqs, *states,
                                   *invariants, *self.constants, *stacked)
 
-        if not self.has_products:
+        if not self.has_packable:
             return run(first, steps, False, states)
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         shape = (rows, parts)
-        transposed = self.transposed.get(shape)
-        if transposed is None and steps - first >= PROBE_MIN_STEPS:
+        packed = self.packed.get(shape)
+        if packed is None and steps - first >= PROBE_MIN_STEPS:
             took = {False: 0.0, True: 0.0}
             for way in (False, True, False, True):
                 start = time.perf_counter()
                 states = run(first, first + PROBE_STEPS, way, states)
                 took[way] += time.perf_counter() - start
                 first += PROBE_STEPS
-            transposed = self.transposed[shape] = took[True] <= PROBE_MARGIN * took[False]
-        return run(first, steps, bool(transposed), states)
+            packed = self.packed[shape] = took[True] <= PROBE_MARGIN * took[False]
+        elif packed is None:
+            packed = rows >= PACKED_MIN_ROWS
+        return run(first, steps, packed, states)
 
     def _row_bounds(self, steps, seqs, states, invariants):
         """Where the rows are cut between threads (first row of each part, then the
@@ -162,25 +166,26 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]) or any(
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
         return None  # a step's scalar is a NumPy scalar in the plan, not an array
-    rendered = compiled_plan.render(plan, transposable=True)
+    inv_names = [f"inv{m}" for m in range(n_inv)]
+    rendered = compiled_plan.render(plan, packable={f"p{n_seq + n_state + m}" for m in range(n_inv)})
     if rendered is None or rendered.variables:  # a body reads its invariants as inputs
         return None
     body, constant_names = rendered.lines, rendered.constant_names
     # the plan's names are a letter and a number: the loop's own are longer
     seq_names = [f"seq{i}" for i in range(n_seq)]
     init_names = [f"init{j}" for j in range(n_state)]
-    inv_names = [f"inv{m}" for m in range(n_inv)]
     stacked_names = [f"stacked{k}" for k in range(n_stacked)]
     state_names = [f"p{n_seq + j}" for j in range(n_state)]
     results = plan.result_names
     lines = compiled_plan.HEADER + rendered.kernel_lines
     # steps first..stop-1 of steps (reverse: counting from the last)
-    params = (["first", "stop", "steps", "reverse", "lo", "hi", "transposed"]
+    params = (["first", "stop", "steps", "reverse", "lo", "hi", "packed_products"]
               + seq_names + init_names + inv_names)
     lines += ["", "", "@njit_cached(nogil=True)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
     lines += [f"    p{n_seq + n_state + m} = {name}" for m, name in enumerate(inv_names)]
     lines += [f"    {state} = {init}" for state, init in zip(state_names, init_names)]
+    lines += ["    " + line for line in rendered.packing_lines]
     lines += ["    for n in range(first, stop):",
               "        t = steps - 1 - n if reverse else n"]
     lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
@@ -189,9 +194,8 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    has_products = any(entry[0] == "library" and entry[1].op == "dot" for entry in plan.program)
     return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
-                _row_aligned(plan, n_seq, n_state), has_products)
+                _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines))
 
 
 def _row_aligned(plan, n_seq, n_state):

@@ -538,13 +538,13 @@ def split_runs(monkeypatch):
 
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
-@pytest.mark.parametrize("margin, transposed", [(0.0, False), (1e9, True)])
+@pytest.mark.parametrize("margin, packed", [(0.0, False), (1e9, True)])
 def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, request, split,
-                                                                 go_backwards, margin, transposed):
-    # a loop of enough steps runs a few with its products as they are and as
-    # many transposed, twice, then the rest (and later calls) the way PROBE_MARGIN
-    # picks: 0 keeps them as they are, 1e9 transposes them; the same numbers
-    # either way, forward and back-propagating
+                                                                 go_backwards, margin, packed):
+    # a loop of enough steps runs a few with its products by invariants through
+    # BLAS and as many packed, twice, then the rest (and later calls) the way
+    # PROBE_MARGIN picks: 0 keeps BLAS, 1e9 packs; the same numbers either way,
+    # forward and back-propagating
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
@@ -578,7 +578,7 @@ def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, req
         np.testing.assert_allclose(got[1], numeric_gradient(loss, u_v), rtol=1e-5, atol=1e-7)
     assert len(loops) == 4 and bool(runs) == split  # forward and back, on each call
     parts = 2 if split else 1
-    assert all(loop.transposed == {(4 // parts, parts): transposed} for loop in loops)
+    assert all(loop.packed == {(4 // parts, parts): packed} for loop in loops)
 
 
 def test_a_long_loop_without_products_runs_without_timing(monkeypatch):
@@ -604,7 +604,7 @@ def test_a_long_loop_without_products_runs_without_timing(monkeypatch):
     for t in range(12):
         want = want * 0.5 + xv[:, t]
     np.testing.assert_allclose(K.function([x, h0], [last])([xv, hv])[0], want, rtol=1e-12)
-    assert len(loops) == 1 and not loops[0].has_products and loops[0].transposed == {}
+    assert len(loops) == 1 and not loops[0].has_packable and loops[0].packed == {}
 
 
 def _masked_rnn_step(w, u, keep, shift):

@@ -1,0 +1,62 @@
+"""jit_kernels.packed: products by a packed right operand against the definition."""
+import numpy as np
+import pytest
+
+from jit_kernels import packed
+
+WIDTH32 = packed.panel_width(4)
+
+
+def definition(a, b):
+    """a @ b summed element by element in float64."""
+    return np.array([[sum(float(a[i, j]) * float(b[j, c]) for j in range(a.shape[1]))
+                      for c in range(b.shape[1])] for i in range(a.shape[0])]).reshape(
+                          a.shape[0], b.shape[1])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("m, k, n", [
+    (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
+    (packed.TILE_ROWS * 9 + 4, 3, 5),  # more rows than one block of them
+    (4, 0, 6), (0, 4, 6), (4, 5, 0)])  # empty operands
+def test_matmul_packed_matches_the_definition(dtype, transpose_b, m, k, n):
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    panels = packed.pack(np.ascontiguousarray(b.T) if transpose_b else b, transpose_b)
+    width = packed.panel_width(a.itemsize)
+    assert panels.shape == (-(-n // width), k, width)
+    out = np.full((m, n), np.nan, dtype)
+    packed.matmul_packed(a, panels, out)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(out, definition(a, b), rtol=tol, atol=tol)
+
+
+def test_matmul_packed_reads_and_writes_rows_apart():
+    # rows of a and out further apart than their length: views of bigger arrays
+    rng = np.random.default_rng(1)
+    a_whole = rng.standard_normal((14, 11)).astype(np.float32)
+    b = rng.standard_normal((5, 19)).astype(np.float32)
+    out_whole = np.full((7, 40), np.nan, np.float32)
+    a, out = a_whole[::2, 3:8], out_whole[:, 10:29]
+    packed.matmul_packed(a, packed.pack(b, False), out)
+    np.testing.assert_allclose(out, definition(a, b), rtol=1e-5, atol=1e-5)
+    assert np.isnan(out_whole[:, :10]).all() and np.isnan(out_whole[:, 29:]).all()
+
+
+def test_matmul_packed_rejects_what_does_not_match():
+    b = np.ones((4, 3))
+    panels = packed.pack(b, False)
+    out = np.zeros((2, 3))
+    with pytest.raises(ValueError, match="shapes of a product do not match"):
+        packed.matmul_packed(np.ones((2, 5)), panels, out)
+    with pytest.raises(ValueError, match="shapes of a product do not match"):
+        packed.matmul_packed(np.ones((2, 4)), panels, np.zeros((3, 3)))
+    with pytest.raises(ValueError, match="shapes of a product do not match"):
+        packed.matmul_packed(np.ones((2, 4)), panels, np.zeros((2, 3 + packed.panel_width(8))))
+    with pytest.raises(ValueError, match="differ in type"):
+        packed.matmul_packed(np.ones((2, 4), np.float32), panels, out)
+    with pytest.raises(ValueError, match="not contiguous"):
+        packed.matmul_packed(np.ones((2, 8))[:, ::2], panels, out)
+    np.testing.assert_array_equal(out, 0)

@@ -14,7 +14,9 @@ channels), whose product would have too few columns for BLAS to run well,
 and depthwise convolution, which has no matrix product worth the name, are
 direct Numba loops; a 3x3 convolution with stride 1 is Winograd's F(4x4, 3x3),
 Numba loops transforming blocks of inputs and of products around 36 matrix
-products through BLAS.  Everything works on five-dimensional
+products by jit_kernels.packed's micro-kernel (OpenBLAS packs both operands of
+these small products on each call: mnist_cnn's second layer took 478 us that
+way at batch 1 and 330 us so, 14 and 8-9 ms at batch 64).  Everything works on five-dimensional
 arrays ``(N, D, H, W, C)``: rank 1 and 2 inputs get leading singleton spatial
 axes (kernel size 1, stride 1, no padding there), so one kernel serves every
 rank and each compiles once per dtype.
@@ -32,7 +34,7 @@ from collections import namedtuple
 import numpy as np
 from numba import prange
 
-from . import blas, njit_cached, njit_cached_twins
+from . import blas, njit_cached, njit_cached_twins, packed
 
 _JIT = {'error_model': 'numpy', 'nogil': True}
 
@@ -809,7 +811,8 @@ def _winograd_products(x5, g, w, y2, finish=None):
             if not _all_finite(rows[top:bottom]):
                 raise _NonFiniteInput
             _winograd_inputs(rows, width, tiles_h, tiles_w, first, v_rows, in_scratch)
-            np.matmul(v_rows.reshape(36, blocks, channels), u, out=m_rows.reshape(36, blocks, out_ch))
+            packed.matmul_each(v_rows.reshape(36, blocks, channels), u,
+                               m_rows.reshape(36, blocks, out_ch))
             start, stop = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
             target = y2[start:stop] if finish is None else block[:stop - start]
             _winograd_outputs(m_rows, tiles_h, tiles_w, out_h, out_w, first, target, out_scratch)

@@ -52,22 +52,22 @@ def panel_width(itemsize):
 
 
 def _tile_kernel(rows):
-    """An intrinsic ``tile(a, a_start, lda, packed, panel_start, out, out_start,
+    """An intrinsic ``tile(a, a_start, lda, b, panel_start, ldb, out, out_start,
     ldo, depth)``: out's ``rows`` x panel tile at ``out_start`` (rows ``ldo``
     apart) = a's ``rows`` x ``depth`` block at ``a_start`` (rows ``lda`` apart)
-    @ the panel of ``depth`` x panel values at ``panel_start``; every start and
-    distance counted in items."""
+    @ b's ``depth`` x panel block at ``panel_start`` (rows ``ldb`` apart); every
+    start and distance counted in items."""
     @intrinsic
-    def tile(typingctx, a, a_start, lda, packed, panel_start, out, out_start, ldo, depth):
+    def tile(typingctx, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
         # any mix of the two float types compiles; matmul_packed refuses one at run time
         if not all(isinstance(x, types.Array) and x.dtype in (types.float32, types.float64)
-                   for x in (a, packed, out)):
+                   for x in (a, b, out)):
             return None
         index = types.intp
-        sig = types.void(a, index, index, packed, index, out, index, index, index)
+        sig = types.void(a, index, index, b, index, index, out, index, index, index)
 
         def codegen(context, builder, signature, args):
-            a, a_start, lda, packed, panel_start, out, out_start, ldo, depth = args
+            a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth = args
 
             scalar = context.get_value_type(signature.args[0].dtype)
 
@@ -76,8 +76,8 @@ def _tile_kernel(rows):
                 data = builder.bitcast(array.data, scalar.as_pointer())
                 return builder.gep(data, [start])
 
-            a_at, panel_at, out_at = (pointer(0, a, a_start), pointer(3, packed, panel_start),
-                                      pointer(5, out, out_start))
+            a_at, panel_at, out_at = (pointer(0, a, a_start), pointer(3, b, panel_start),
+                                      pointer(6, out, out_start))
             itemsize = context.get_abi_sizeof(scalar)
             width = VECTOR_BYTES // itemsize
             vector = ir.VectorType(scalar, width)
@@ -103,7 +103,7 @@ def _tile_kernel(rows):
                      for _ in range(2)] for _ in range(rows)]
             with cgutils.for_range(builder, depth) as loop:
                 k = loop.index
-                row_at = builder.mul(k, constant(2 * width))
+                row_at = builder.mul(k, ldb)
                 panel = [builder.load(vector_at(panel_at, row_at, constant(h * width)),
                                       align=itemsize) for h in range(2)]
                 for r in range(rows):
@@ -139,28 +139,76 @@ def pack(b, transpose_b):
     columns: an array (panels, k, width), the last panel padded with zeros."""
     k, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
     width = panel_width(b.itemsize)
-    panels = np.zeros(((n + width - 1) // width, k, width), b.dtype)
+    panels = np.empty(((n + width - 1) // width, k, width), b.dtype)
     for j in range(panels.shape[0]):
+        first = j * width
+        columns = min(width, n - first)
         for i in range(k):
-            for x in range(min(width, n - j * width)):
-                panels[j, i, x] = b[j * width + x, i] if transpose_b else b[i, j * width + x]
+            row = panels[j, i]
+            if transpose_b:
+                for x in range(columns):
+                    row[x] = b[first + x, i]
+            else:
+                source = b[i]
+                for x in range(columns):
+                    row[x] = source[first + x]
+            for x in range(columns, width):
+                row[x] = 0
     return panels
 
 
 @njit_cached(**_JIT)
-def _tile(rows, a, a_start, lda, packed, panel_start, out, out_start, ldo, depth):
+def _tile(rows, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
     if rows == 6:
-        _tile6(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile6(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
     elif rows == 5:
-        _tile5(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile5(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
     elif rows == 4:
-        _tile4(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile4(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
     elif rows == 3:
-        _tile3(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile3(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
     elif rows == 2:
-        _tile2(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile2(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
     else:
-        _tile1(a, a_start, lda, packed, panel_start, out, out_start, ldo, depth)
+        _tile1(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+
+
+@njit_cached(**_JIT)
+def _check(a, b_itemsize, out, k):
+    """(m, n, lda, ldo) of a product of a (m x k) into out, checked."""
+    m, n = out.shape
+    itemsize = a.itemsize
+    if b_itemsize != itemsize or out.itemsize != itemsize:
+        raise ValueError("jit_kernels.packed: the operands of a product differ in type")
+    if a.shape[0] != m or a.shape[1] != k:
+        raise ValueError("jit_kernels.packed: the shapes of a product do not match")
+    if (m > 0 and n > 0 and k > 1 and a.strides[1] != itemsize) or (
+            m > 0 and n > 1 and out.strides[1] != itemsize):
+        raise ValueError("jit_kernels.packed: the rows of a product's operands are not contiguous")
+    return m, n, a.strides[0] // itemsize, out.strides[0] // itemsize
+
+
+@njit_cached(**_JIT)
+def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
+    """out = a @ B, where B's full panels lie in b, the j-th from item j *
+    panel_step, its rows ldb apart, and the columns after the last full panel
+    in ``last_panel`` (k, width), padded with zeros."""
+    m, k = a.shape
+    n = out.shape[1]
+    width = last_panel.shape[1]
+    full = n // width
+    edge = np.empty((TILE_ROWS, width), out.dtype)  # tiles of the last panel, cut to n
+    for block in range(0, m, _BLOCK_ROWS):
+        end = min(m, block + _BLOCK_ROWS)
+        for j in range(full):
+            for i in range(block, end, TILE_ROWS):
+                _tile(min(TILE_ROWS, end - i), a, i * lda, lda, b, j * panel_step, ldb, out,
+                      i * ldo + j * width, ldo, k)
+        if full * width < n:
+            for i in range(block, end, TILE_ROWS):
+                rows = min(TILE_ROWS, end - i)
+                _tile(rows, a, i * lda, lda, last_panel, 0, width, edge, 0, width, k)
+                out[i:i + rows, full * width:] = edge[:rows, :n - full * width]
 
 
 @njit_cached(**_JIT)
@@ -168,29 +216,42 @@ def matmul_packed(a, packed, out):
     """out[...] = a @ B for B packed by :func:`pack` (of as many columns as out
     has); a and out float32 or float64 matrices of B's type, their rows
     contiguous."""
-    m, k = a.shape
-    n = out.shape[1]
-    panels, depth, width = packed.shape
-    itemsize = a.itemsize
-    if packed.itemsize != itemsize or out.itemsize != itemsize:
-        raise ValueError("jit_kernels.packed: the operands of a product differ in type")
-    if (depth != k or out.shape[0] != m or panels != (n + width - 1) // width
-            or width != panel_width(itemsize)):
+    panels, k, width = packed.shape
+    m, n, lda, ldo = _check(a, packed.itemsize, out, k)
+    if panels != (n + width - 1) // width or width != panel_width(packed.itemsize):
         raise ValueError("jit_kernels.packed: the shapes of a product do not match")
     if m == 0 or n == 0:
         return
-    if (k > 1 and a.strides[1] != itemsize) or (n > 1 and out.strides[1] != itemsize):
+    _product(a, packed, k * width, width, packed[panels - 1], out, lda, ldo)
+
+
+@njit_cached(**_JIT)
+def matmul(a, b, out):
+    """out[...] = a @ b for float32 or float64 matrices of one type, their rows
+    contiguous, b as it is: its panels read in place (only a last one narrower
+    than a panel is packed).  For a b used once, where packing all of it would
+    cost more than it saves: Winograd's small products."""
+    k, n = b.shape
+    m, n_out, lda, ldo = _check(a, b.itemsize, out, k)
+    if n_out != n:
+        raise ValueError("jit_kernels.packed: the shapes of a product do not match")
+    if n > 1 and k > 0 and b.strides[1] != b.itemsize:
         raise ValueError("jit_kernels.packed: the rows of a product's operands are not contiguous")
-    lda, ldo = a.strides[0] // itemsize, out.strides[0] // itemsize
-    edge = np.empty((TILE_ROWS, width), out.dtype)  # the last panel's tiles, cut to n
-    for block in range(0, m, _BLOCK_ROWS):
-        for j in range(panels):
-            columns = min(width, n - j * width)
-            for i in range(block, min(m, block + _BLOCK_ROWS), TILE_ROWS):
-                rows = min(TILE_ROWS, m - i)
-                if columns == width:
-                    _tile(rows, a, i * lda, lda, packed, j * depth * width, out,
-                          i * ldo + j * width, ldo, depth)
-                else:
-                    _tile(rows, a, i * lda, lda, packed, j * depth * width, edge, 0, width, depth)
-                    out[i:i + rows, j * width:j * width + columns] = edge[:rows, :columns]
+    if m == 0 or n == 0:
+        return
+    width = panel_width(b.itemsize)
+    full = n // width
+    last_panel = np.zeros((k, width), b.dtype)
+    for i in range(k):
+        for x in range(n - full * width):
+            last_panel[i, x] = b[i, full * width + x]
+    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out, lda, ldo)
+
+
+@njit_cached(**_JIT)
+def matmul_each(a, b, out):
+    """out[i] = a[i] @ b[i] (:func:`matmul`) for each matrix of three stacks."""
+    if a.shape[0] != b.shape[0] or out.shape[0] != b.shape[0]:
+        raise ValueError("jit_kernels.packed: the stacks of a product differ in length")
+    for i in range(a.shape[0]):
+        matmul(a[i], b[i], out[i])

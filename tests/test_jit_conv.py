@@ -319,18 +319,25 @@ WINOGRAD_CASES = [  # (N, H, W, C), out channels, padding: outputs of 4k, 4k + 1
     ((1, 4, 3, 16), 8, 'same'),       # 4 x 3: one block, 3 columns of it
     ((3, 6, 6, 8), 8, 'same'),        # 6 x 6
     ((2, 1, 6, 7, 8), 8, 'same'),     # a 3-D convolution of one depth slice, kernel (1, 3, 3)
+    # out channels over whole panels of the products (jit_kernels.packed) and past them
+    ((1, 6, 5, 8), 32, 'same'),
+    ((1, 5, 6, 8), 37, 'valid'),
 ]
 
 
+@pytest.mark.parametrize('dtype', ['float64', 'float32'])
 @pytest.mark.parametrize('x_shape, out_ch, padding', WINOGRAD_CASES)
-def test_conv_winograd(winograd_chunks, x_shape, out_ch, padding):
+def test_conv_winograd(winograd_chunks, x_shape, out_ch, padding, dtype):
     """Winograd F(4x4, 3x3) for 3x3 kernels with stride 1 and 8 channels or more,
     on outputs that fill their 4x4 blocks and outputs that do not."""
-    x = random(x_shape)
-    w = random((1,) * (len(x_shape) - 4) + (3, 3, x_shape[-1], out_ch))
+    x = random(x_shape).astype(dtype)
+    w = random((1,) * (len(x_shape) - 4) + (3, 3, x_shape[-1], out_ch)).astype(dtype)
     y = conv.conv_forward(x, w, 1, padding)
-    assert sum(winograd_chunks) == x_shape[0] * -(-y.shape[-3] // 4)
-    np.testing.assert_allclose(y, reference_conv(x, w, 1, padding, 1), rtol=1e-12, atol=1e-12)
+    assert sum(winograd_chunks) == x_shape[0] * -(-y.shape[-3] // 4) and y.dtype == dtype
+    expected = reference_conv(x.astype(float), w.astype(float), 1, padding, 1)
+    # float32's rounding, grown by Winograd's transforms (entries up to 8 and 1/24)
+    tol = 1e-12 if dtype == 'float64' else 1e-4 * np.abs(expected).max()
+    np.testing.assert_allclose(y, expected, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize('x_shape, padding', [((2, 9, 10, 8), 'valid'), ((2, 9, 10, 8), 'same'),

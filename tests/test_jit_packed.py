@@ -1,4 +1,5 @@
-"""jit_kernels.packed: products by a packed right operand against the definition."""
+"""jit_kernels.packed: products by a right operand packed or read in place, against
+the definition."""
 import numpy as np
 import pytest
 
@@ -33,30 +34,63 @@ def test_matmul_packed_matches_the_definition(dtype, transpose_b, m, k, n):
     np.testing.assert_allclose(out, definition(a, b), rtol=tol, atol=tol)
 
 
-def test_matmul_packed_reads_and_writes_rows_apart():
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("m, k, n", [
+    (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
+    (4, 0, 6), (0, 4, 6), (4, 5, 0)])
+def test_matmul_in_place_matches_the_definition(dtype, m, k, n):
+    # b's rows further apart than their length: a view of a wider array
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n + 3)).astype(dtype)[:, 2:2 + n]
+    out = np.full((m, n), np.nan, dtype)
+    packed.matmul(a, b, out)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(out, definition(a, b), rtol=tol, atol=tol)
+
+
+def test_matmul_each_multiplies_each_pair_of_a_stack():
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((3, 8, 5)).astype(np.float32)
+    b = rng.standard_normal((3, 5, 2 * WIDTH32 + 3)).astype(np.float32)
+    out = np.full((3, 8, b.shape[2]), np.nan, np.float32)
+    packed.matmul_each(a, b, out)
+    for i in range(3):
+        np.testing.assert_allclose(out[i], definition(a[i], b[i]), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="stacks of a product differ in length"):
+        packed.matmul_each(a[:2], b, out)
+
+
+def test_products_read_and_write_rows_apart():
     # rows of a and out further apart than their length: views of bigger arrays
     rng = np.random.default_rng(1)
     a_whole = rng.standard_normal((14, 11)).astype(np.float32)
     b = rng.standard_normal((5, 19)).astype(np.float32)
-    out_whole = np.full((7, 40), np.nan, np.float32)
-    a, out = a_whole[::2, 3:8], out_whole[:, 10:29]
-    packed.matmul_packed(a, packed.pack(b, False), out)
-    np.testing.assert_allclose(out, definition(a, b), rtol=1e-5, atol=1e-5)
-    assert np.isnan(out_whole[:, :10]).all() and np.isnan(out_whole[:, 29:]).all()
+    a = a_whole[::2, 3:8]
+    for multiply in (lambda out: packed.matmul_packed(a, packed.pack(b, False), out),
+                     lambda out: packed.matmul(a, b, out)):
+        out_whole = np.full((7, 40), np.nan, np.float32)
+        out = out_whole[:, 10:29]
+        multiply(out)
+        np.testing.assert_allclose(out, definition(a, b), rtol=1e-5, atol=1e-5)
+        assert np.isnan(out_whole[:, :10]).all() and np.isnan(out_whole[:, 29:]).all()
 
 
-def test_matmul_packed_rejects_what_does_not_match():
+def test_products_reject_what_does_not_match():
     b = np.ones((4, 3))
     panels = packed.pack(b, False)
     out = np.zeros((2, 3))
-    with pytest.raises(ValueError, match="shapes of a product do not match"):
-        packed.matmul_packed(np.ones((2, 5)), panels, out)
-    with pytest.raises(ValueError, match="shapes of a product do not match"):
-        packed.matmul_packed(np.ones((2, 4)), panels, np.zeros((3, 3)))
-    with pytest.raises(ValueError, match="shapes of a product do not match"):
-        packed.matmul_packed(np.ones((2, 4)), panels, np.zeros((2, 3 + packed.panel_width(8))))
-    with pytest.raises(ValueError, match="differ in type"):
-        packed.matmul_packed(np.ones((2, 4), np.float32), panels, out)
+    for multiply, right in ((packed.matmul_packed, panels), (packed.matmul, b)):
+        with pytest.raises(ValueError, match="shapes of a product do not match"):
+            multiply(np.ones((2, 5)), right, out)
+        with pytest.raises(ValueError, match="shapes of a product do not match"):
+            multiply(np.ones((2, 4)), right, np.zeros((3, 3)))
+        with pytest.raises(ValueError, match="shapes of a product do not match"):
+            multiply(np.ones((2, 4)), right, np.zeros((2, 3 + packed.panel_width(8))))
+        with pytest.raises(ValueError, match="differ in type"):
+            multiply(np.ones((2, 4), np.float32), right, out)
+        with pytest.raises(ValueError, match="not contiguous"):
+            multiply(np.ones((2, 8))[:, ::2], right, out)
     with pytest.raises(ValueError, match="not contiguous"):
-        packed.matmul_packed(np.ones((2, 8))[:, ::2], panels, out)
+        packed.matmul(np.ones((2, 4)), np.ones((4, 6))[:, ::2], out)
     np.testing.assert_array_equal(out, 0)

@@ -52,10 +52,13 @@ def gradients(loss, variables):
         g = gradient_of(node)
         if g is None or not node.inputs:
             continue
-        rule = OPS[node.op].grad
-        if rule is None:
+        op = OPS[node.op]
+        if op.grad is None:
             continue  # not differentiable: contributes nothing
-        input_grads = rule(g, node)
+        if op.grad_takes_wanted:
+            input_grads = op.grad(g, node, wanted=[i.id in relevant for i in node.inputs])
+        else:
+            input_grads = op.grad(g, node)
         for inp, gi in zip(node.inputs, input_grads):
             if gi is None or inp.id not in relevant:
                 continue

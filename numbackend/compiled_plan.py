@@ -31,26 +31,31 @@ _PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed",
           "from numbackend.codegen import loaded_kernel", ""]
 
-Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables packing_lines")
+Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables packing_lines "
+                                   "hoisting_lines")
 Rendered.__doc__ = """A plan's steps as source: ``lines`` (in the plan's names: p0.. for
 placeholders, v.. for values, c../s.. for constants), ``kernel_lines`` binding
 the kernels the lines call (after :data:`HEADER`), the constants the lines read
 (to pass as arguments), the (variable, name) pairs whose values they read, and
-the lines that pack the right operands of products (to run before ``lines``;
-see :func:`render`)."""
+the lines that pack the right operands of products and those that compute
+products over all steps (to run before ``lines``; see :func:`render`)."""
 
 
-def render(plan, packable=()):
+def render(plan, packable=(), sliced=None):
     """The plan's steps as a :class:`Rendered`, or None where a step has no
     compiled form (or NumPy's BLAS is not one jit_kernels.blas can call).
     ``packable``: the names of placeholders that keep their values while the
     lines run again and again; each product by one of them (not transposing its
     left operand) runs as :data:`_PRODUCT_PACKED`, its right operand packed by
     the packing lines, where a variable ``packed_products`` of the lines'
-    function is true."""
+    function is true.  ``sliced``: {placeholder name: the name of the array
+    whose rows ``lo:hi`` of step ``t`` it is}, for a scan's loop; a product of
+    one of them by a packable placeholder is computed for steps ``first`` to
+    ``stop`` at once by the hoisting lines where ``hoisted_products`` is true,
+    and read from there."""
     if not blas.AVAILABLE:
         return None
-    lines, kernels, variables, packings = [], {}, [], {}
+    lines, kernels, variables, packings, hoistings = [], {}, [], {}, []
     for entry in plan.program:
         if entry[0] == "unsupported":
             return None
@@ -64,7 +69,7 @@ def render(plan, packable=()):
             lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
         _, node, ins, out = entry
-        library = _library_lines(node, ins, out, packable, packings)
+        library = _library_lines(node, ins, out, packable, packings, sliced or {}, hoistings)
         if library is None:
             return None
         lines += library
@@ -74,13 +79,15 @@ def render(plan, packable=()):
     packing_lines = [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
                      f"np.empty((0, 0, 0), dtype={b}.dtype))"
                      for (b, tb), name in packings.items()]
-    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines)
+    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines, hoistings)
 
 
-def _library_lines(node, ins, out, packable=(), packings=None):
+def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):
     """The lines of a library step, or None where it has no compiled form.  A
     product by a ``packable`` placeholder adds the name of its packed form to
-    ``packings``, under (placeholder, whether transposed)."""
+    ``packings``, under (placeholder, whether transposed); one of a ``sliced``
+    placeholder by it adds the lines that compute it over all steps to
+    ``hoistings``."""
     if node.op == "dot":
         a, b = node.inputs
         if (a.ndim != 2 or b.ndim != 2 or node.dtype not in ("float32", "float64")
@@ -94,8 +101,19 @@ def _library_lines(node, ins, out, packable=(), packings=None):
         if ta or ins[1] not in packable:
             return lines + [_PRODUCT + operands]
         panels = packings.setdefault((ins[1], tb), f"packed{len(packings)}")
-        return lines + ["if packed_products:", f"    {_PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
-                        "else:", f"    {_PRODUCT}{operands}"]
+        lines += ["if packed_products:", f"    {_PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
+                  "else:", f"    {_PRODUCT}{operands}"]
+        if ins[0] not in sliced:
+            return lines
+        whole, steps = sliced[ins[0]], f"hoisted{len(hoistings)}"
+        depth = f"{whole}.shape[2]"
+        allocate = (f"{steps} = np.empty(((last - earliest) if hoisted_products else 0, "
+                    f"min(hi, {whole}.shape[1]) - lo, {cols}), dtype=np.{node.dtype})")
+        multiply = (f"    {_PRODUCT}(np.ascontiguousarray({whole}[earliest:last, lo:hi]).reshape("
+                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), False, {tb})")
+        hoistings += [allocate, "if hoisted_products:", multiply]
+        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
+            "    " + line for line in lines]
     if node.op == "concatenate":  # the gradient of per-gate slices
         if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
             return None

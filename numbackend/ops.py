@@ -29,13 +29,16 @@ OPS = {}
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
                  reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
-                 computed_by=None, epilogue=False, pools=False):
+                 computed_by=None, epilogue=False, pools=False, grad_takes_wanted=False):
         self.name = name
         self.kind = kind
         self.infer = infer
         self.impl = impl
         self.template = template
         self.grad = grad
+        # grad also takes wanted=[whether each input's gradient is needed], and
+        # may skip the work of those that are not
+        self.grad_takes_wanted = grad_takes_wanted
         self.reduce_init = reduce_init
         self.reduce_combine = reduce_combine
         self.compute_dtype = compute_dtype
@@ -436,10 +439,10 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 
 
 def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None,
-            epilogue=False, pools=False):
+            epilogue=False, pools=False, grad_takes_wanted=False):
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
                        multi_output=multi_output, computed_by=computed_by, epilogue=epilogue,
-                       pools=pools))
+                       pools=pools, grad_takes_wanted=grad_takes_wanted))
 
 
 # One output of a multi-output node (whose value is a tuple); autodiff gathers

@@ -30,9 +30,10 @@ from .graph import toposort
 from .ops import OPS
 
 # The rows are split where each thread gets this many at least, and the loop
-# reads and carries this many elements at least (the sequences, plus the states
-# once per step): below, handing work to another thread (tens of microseconds,
-# more where it sleeps) costs more than it saves.
+# reads, carries and multiplies out this many elements at least (the
+# sequences, plus the states and the products' results once per step): below,
+# handing work to another thread (tens of microseconds, more where it sleeps)
+# costs more than it saves.
 MIN_ROWS_PER_THREAD = 8
 MIN_SPLIT_ELEMENTS = 1 << 19
 # The rows lo:hi of an unsplit loop: all of them.
@@ -50,7 +51,15 @@ PROBE_MIN_STEPS = 32
 PROBE_STEPS = 4
 PROBE_MARGIN = 0.9
 PACKED_MIN_ROWS = 2
-
+# A step's products of sequence slices by invariants (an RNN's input
+# projection: scan._product_stays_in_loop) run for all of a call's steps at
+# once, before its loop, unless the rows are split between threads and each
+# gets IN_LOOP_MIN_ROWS at least: one product over all steps beats a product
+# per step of a few rows (the W5 LSTM over 1 to 8 rows on one thread: 14-17%
+# faster, 16 rows split in two 20%), while a thread's product of 16 rows and
+# more runs faster in its loop, on packed weights (W5 at 32 and 64 rows: 12-13%
+# faster than one product over all steps on both threads).
+IN_LOOP_MIN_ROWS = 16
 
 class Loop:
     """``run(first, steps, reverse, seqs, states, invariants, stacked)``: steps
@@ -58,7 +67,7 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants, where, row_aligned, has_packable):
+    def __init__(self, source, constants, where, row_aligned, has_packable, product_columns):
         self.source = source
         self.constants = constants
         self.where = where
@@ -66,6 +75,7 @@ class Loop:
         # says: the rows' length, or 1 to be shared); None where a step mixes rows
         self.row_aligned = row_aligned
         self.has_packable = has_packable  # products by invariants
+        self.product_columns = product_columns  # of all the step's products, per row
         self.packed = {}  # (rows, parts) -> whether they run packed
         self._function = None
         self._compiles = True
@@ -98,13 +108,15 @@ class Loop:
         cut to them), one of ``parts`` run at once; the final states.  Probes the
         products' two ways first where not yet done for as many rows and parts
         (see PROBE_MIN_STEPS)."""
+        rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
+        hoisted = parts == 1 or rows < IN_LOOP_MIN_ROWS
+
         def run(start, stop, packed, states):
-            return self._function(start, stop, steps, reverse, lo, hi, packed, *seqs, *states,
-                                  *invariants, *self.constants, *stacked)
+            return self._function(start, stop, steps, reverse, lo, hi, packed, hoisted, *seqs,
+                                  *states, *invariants, *self.constants, *stacked)
 
         if not self.has_packable:
             return run(first, steps, False, states)
-        rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         shape = (rows, parts)
         packed = self.packed.get(shape)
         if packed is None and steps - first >= PROBE_MIN_STEPS:
@@ -126,7 +138,8 @@ class Loop:
             return None
         rows = (states[0] if states else seqs[0][0]).shape[0]
         parts = min(blas.threads(), rows // MIN_ROWS_PER_THREAD)
-        elements = sum(s.size for s in seqs) + steps * sum(s.size for s in states)
+        elements = (sum(s.size for s in seqs) + steps * sum(s.size for s in states)
+                    + steps * rows * self.product_columns)
         if parts < 2 or elements < MIN_SPLIT_ELEMENTS or not self._rows_match(
                 rows, seqs, states, invariants):
             return None
@@ -167,25 +180,33 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
         return None  # a step's scalar is a NumPy scalar in the plan, not an array
     inv_names = [f"inv{m}" for m in range(n_inv)]
-    rendered = compiled_plan.render(plan, packable={f"p{n_seq + n_state + m}" for m in range(n_inv)})
+    seq_names = [f"seq{i}" for i in range(n_seq)]
+    sliced = {f"p{i}": name for i, name in enumerate(seq_names)
+              if plan.placeholders[i].ndim == 2}
+    rendered = compiled_plan.render(plan, packable={f"p{n_seq + n_state + m}" for m in range(n_inv)},
+                                    sliced=sliced)
     if rendered is None or rendered.variables:  # a body reads its invariants as inputs
         return None
     body, constant_names = rendered.lines, rendered.constant_names
     # the plan's names are a letter and a number: the loop's own are longer
-    seq_names = [f"seq{i}" for i in range(n_seq)]
     init_names = [f"init{j}" for j in range(n_state)]
     stacked_names = [f"stacked{k}" for k in range(n_stacked)]
     state_names = [f"p{n_seq + j}" for j in range(n_state)]
     results = plan.result_names
     lines = compiled_plan.HEADER + rendered.kernel_lines
     # steps first..stop-1 of steps (reverse: counting from the last)
-    params = (["first", "stop", "steps", "reverse", "lo", "hi", "packed_products"]
+    params = (["first", "stop", "steps", "reverse", "lo", "hi", "packed_products",
+               "hoisted_products"]
               + seq_names + init_names + inv_names)
     lines += ["", "", "@njit_cached(nogil=True)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
     lines += [f"    p{n_seq + n_state + m} = {name}" for m, name in enumerate(inv_names)]
     lines += [f"    {state} = {init}" for state, init in zip(state_names, init_names)]
     lines += ["    " + line for line in rendered.packing_lines]
+    # the steps first..stop-1 read these of the sequences
+    lines += ["    earliest = steps - stop if reverse else first",
+              "    last = steps - first if reverse else stop"]
+    lines += ["    " + line for line in rendered.hoisting_lines]
     lines += ["    for n in range(first, stop):",
               "        t = steps - 1 - n if reverse else n"]
     lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
@@ -195,7 +216,9 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
     return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
-                _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines))
+                _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines),
+                sum(entry[1].shape[-1] or 0 for entry in plan.program
+                    if entry[0] == "library" and entry[1].op == "dot"))
 
 
 def _row_aligned(plan, n_seq, n_state):

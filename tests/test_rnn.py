@@ -141,15 +141,22 @@ def test_masked_steps_repeat_the_previous_output_when_it_is_not_a_state():
     np.testing.assert_allclose(got, np.stack(want, axis=1))
 
 
-def test_the_input_projection_is_hoisted_out_of_the_loop():
+@pytest.mark.parametrize("compiled_loops", [True, False])
+def test_the_input_projection_runs_in_the_loop_where_loops_compile(monkeypatch, compiled_loops):
+    # x @ w stays in the compiled loop (its weights packed once), else it is
+    # hoisted out of the loop and runs once over all steps; the same numbers
+    monkeypatch.setattr(blas, "AVAILABLE", blas.AVAILABLE and compiled_loops)
     _, x, h0, last, _, _ = build_rnn()
     fn = K.function([x, h0], [last])
     (scan,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
     body_dots = [n for n in toposort(scan.attrs["body"].outputs + scan.attrs["body"].new_states)
                  if n.op == "dot"]
-    assert len(body_dots) == 1  # h @ u only: x @ w runs once over all steps
     outer_dots = [n for n in toposort(fn.plan.targets) if n.op == "dot"]
-    assert any(n.shape == (T, None, U) for n in outer_dots)
+    hoisted = any(n.shape == (T, None, U) for n in outer_dots)
+    assert (len(body_dots), hoisted) == ((2, False) if blas.AVAILABLE else (1, True))
+    xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
+    w_v, u_v, b_v = weights()
+    np.testing.assert_allclose(fn([xv, hv])[0], numpy_rnn(xv, w_v, u_v, b_v, hv)[0], rtol=1e-12)
 
 
 @pytest.mark.parametrize("options", [{}, {"go_backwards": True}, {"masked": True}])
@@ -305,10 +312,13 @@ def test_map_fn_rejects_outputs_that_change_shape():
         fn([np.array([[1.0, 2, 3, -1], [1, -1, -1, -1], [1, 1, 1, 1]])])
 
 
-def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
+@pytest.mark.parametrize("compiled_loops", [True, False])
+def test_a_keras_style_lstm_step_is_one_product_and_one_kernel(monkeypatch, compiled_loops):
     # per-gate slices of the kernels (Keras's implementation 1): the input products
-    # merge into one product over all steps, the recurrent ones into one per step,
-    # and the gates read slices of those in place in a single fused kernel
+    # merge into one product per step where loops compile (else one over all
+    # steps), the recurrent ones into one per step, and the gates read slices of
+    # those in place in a single fused kernel
+    monkeypatch.setattr(blas, "AVAILABLE", blas.AVAILABLE and compiled_loops)
     units = 4
     rng = np.random.default_rng(2)
     kernel = rng.standard_normal((I, 4 * units))
@@ -330,9 +340,12 @@ def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
     fn = K.function([x], [last])
     (scan,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
     body_plan = scan.attrs["body"].plan
-    assert [s.kind if s.kind == "kernel" else s.label for s in body_plan.steps] == ["dot", "kernel"]
-    assert [n.shape for n in toposort(fn.plan.targets) if n.op == "dot" and n.ndim == 3] == [
-        (T, None, 4 * units)]
+    steps = [s.kind if s.kind == "kernel" else s.label for s in body_plan.steps]
+    hoisted = [n.shape for n in toposort(fn.plan.targets) if n.op == "dot" and n.ndim == 3]
+    if blas.AVAILABLE:
+        assert steps == ["dot", "dot", "kernel"] and hoisted == []
+    else:
+        assert steps == ["dot", "kernel"] and hoisted == [(T, None, 4 * units)]
 
     xv = RNG.standard_normal((B, T, I))
 
@@ -354,7 +367,10 @@ def test_a_keras_style_lstm_step_is_one_product_and_one_kernel():
     grad_fn = K.function([x], grads)
     (back,) = [n for n in toposort(grad_fn.plan.targets)
                if n.op == "scan" and n.attrs["body"].where == "rnn gradient"]
-    assert [s.label for s in back.attrs["body"].plan.steps].count("dot") == 1
+    # (where loops compile, the forward products it recomputes from the sequences
+    # and the states' history run in the loop too: x_t @ w and h_t-1 @ u)
+    assert [s.label for s in back.attrs["body"].plan.steps].count("dot") == (
+        3 if blas.AVAILABLE else 1)
     got = grad_fn([xv])
     for k, value in enumerate((kernel, recurrent, bias)):
         def loss(v, k=k):
@@ -539,12 +555,16 @@ def split_runs(monkeypatch):
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("margin, packed", [(0.0, False), (1e9, True)])
+@pytest.mark.parametrize("in_loop_min_rows", [0, 10**9])
 def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, request, split,
-                                                                 go_backwards, margin, packed):
+                                                                 go_backwards, margin, packed,
+                                                                 in_loop_min_rows):
     # a loop of enough steps runs a few with its products by invariants through
     # BLAS and as many packed, twice, then the rest (and later calls) the way
-    # PROBE_MARGIN picks: 0 keeps BLAS, 1e9 packs; the same numbers either way,
-    # forward and back-propagating
+    # PROBE_MARGIN picks: 0 keeps BLAS, 1e9 packs; its products of the sequence
+    # slices (x_t @ w) run per step, or for each call's steps at once before its
+    # loop (always, unless split, by IN_LOOP_MIN_ROWS); the same numbers every
+    # way, forward and back-propagating
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
@@ -552,6 +572,7 @@ def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, req
     monkeypatch.setattr(scan_loop, "PROBE_MIN_STEPS", 4)
     monkeypatch.setattr(scan_loop, "PROBE_STEPS", 1)
     monkeypatch.setattr(scan_loop, "PROBE_MARGIN", margin)
+    monkeypatch.setattr(scan_loop, "IN_LOOP_MIN_ROWS", in_loop_min_rows)
     loops, run = [], scan_loop.Loop.run
 
     def spied(self, *args):

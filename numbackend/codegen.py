@@ -72,20 +72,25 @@ def cache_dir():
     raise OSError("numbackend: no writable kernel cache folder (set NUMBACKEND_CACHE_DIR)")
 
 
+# The jit_kernels sources that generated kernels and scan loops compile in
+STAMPED_SOURCES = ("__init__.py", "vmath.py", "reduce.py", "blas.py", "packed.py")
+
+
 def _dependency_stamp():
     """A hash of the jit_kernels sources that generated kernels depend on.
 
     Numba's cache checks only a function's own file: a kernel compiled against
-    an older vmath.py or reduce.py, a scan loop against an older blas.py, or
-    either with other LLVM options (set in jit_kernels/__init__.py), would be
-    loaded as it was.  Keying the cache folder by these sources makes a change
-    to them recompile every kernel."""
+    an older vmath.py or reduce.py, a scan loop against an older blas.py or
+    packed.py (whose micro-kernels it inlines), or either with other LLVM
+    options (set in jit_kernels/__init__.py), would be loaded as it was.  Keying
+    the cache folder by these sources makes a change to them recompile every
+    kernel."""
     global _stamp
     if _stamp is None:
         spec = importlib.util.find_spec("jit_kernels")
         folder = next(iter(spec.submodule_search_locations))
         digest = hashlib.sha256()
-        for name in ("__init__.py", "vmath.py", "reduce.py", "blas.py"):
+        for name in STAMPED_SOURCES:
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(f.read())
         _stamp = digest.hexdigest()[:12]

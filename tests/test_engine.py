@@ -431,13 +431,21 @@ def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
     # Numba's cache checks only a kernel's own file; a kernel compiled against an
     # older vmath.py or reduce.py must not be loaded (it returned garbage once),
     # nor one compiled with other LLVM options (set in jit_kernels/__init__.py),
-    # nor a scan loop linked against an older blas.py.
+    # nor a scan loop linked against an older blas.py or packed.py: every module
+    # that generated code imports from jit_kernels is in the key
     import hashlib
+    import re
 
     import jit_kernels
+    from numbackend import compiled_plan
+    imported = {"vmath", "reduce"}  # the kernels' (codegen.generate_source)
+    for names in re.findall(r"from jit_kernels import (.*)", "\n".join(compiled_plan.HEADER)):
+        imported |= {n.strip() for n in names.split(",")} - {"njit_cached"}
+    assert imported == {"vmath", "reduce", "blas", "packed"}
+    assert {f"{name}.py" for name in imported} | {"__init__.py"} == set(codegen.STAMPED_SOURCES)
     folder = os.path.dirname(jit_kernels.__file__)
     digest = hashlib.sha256()
-    for name in ("__init__.py", "vmath.py", "reduce.py", "blas.py"):
+    for name in codegen.STAMPED_SOURCES:
         with open(os.path.join(folder, name), "rb") as f:
             digest.update(f.read())
     assert codegen.cache_dir().endswith(f"-{digest.hexdigest()[:12]}")

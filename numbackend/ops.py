@@ -493,31 +493,10 @@ def _dot(x, y, transpose_a=False, transpose_b=False):
     if x.ndim > 2 and y.ndim == 2 and x.flags.c_contiguous:
         # np.dot runs a slow loop, not BLAS, for a 3-D and up left operand
         return np.dot(x.reshape(-1, x.shape[-1]), y).reshape(x.shape[:-1] + y.shape[-1:])
-    if x.ndim == 2 and y.ndim == 2 and 1 in (x.shape[1 if transpose_a else 0],
-                                             y.shape[0 if transpose_b else 1]):
-        vector_product = _matrix_times_vector(x, y, transpose_a, transpose_b)
-        if vector_product is not None:
-            return vector_product
     x, y = (x.T if transpose_a else x), (y.T if transpose_b else y)
     if x.ndim == 2 and y.ndim == 2:
         return np.matmul(x, y)  # the same product, a few percent less overhead
     return np.dot(x, y)
-
-
-def _matrix_times_vector(x, y, transpose_a, transpose_b):
-    """op(x) @ op(y) through BLAS's gemv (jit_kernels.blas), where one of them is
-    one row or column of floats; else None.  NumPy's matmul runs them as general
-    products, on one thread: W4's 1 x 9216 by 9216 x 128 took 190-216 us so and
-    99-132 us through gemv on two threads."""
-    if (x.dtype != y.dtype or x.dtype not in (np.float32, np.float64)
-            or not x.flags.c_contiguous or not y.flags.c_contiguous):
-        return None
-    from jit_kernels import blas  # Numba is loaded by now: the plan is compiled
-    if not blas.AVAILABLE:
-        return None
-    out = np.empty((x.shape[1 if transpose_a else 0], y.shape[0 if transpose_b else 1]), x.dtype)
-    blas.matmul(x, y, out, transpose_a, transpose_b)
-    return out
 
 
 def _as_matrix(t):

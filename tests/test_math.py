@@ -322,32 +322,6 @@ def test_dot(x_shape, y_shape):
     np.testing.assert_allclose(out, _theano_dot(x, y), rtol=1e-12)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
-@pytest.mark.parametrize("transpose_a", [False, True])
-@pytest.mark.parametrize("transpose_b", [False, True])
-@pytest.mark.parametrize("m, n", [(1, 5), (4, 1), (1, 1)])
-def test_a_product_of_one_row_or_column_from_python(dtype, transpose_a, transpose_b, m, n):
-    # a plan's product run from Python (a model with convolutions): floats through
-    # BLAS's gemv, others through NumPy; operands given transposed as gradients do
-    from numbackend import ops
-    rng = np.random.default_rng(m * 10 + n)
-    k = 6
-    a = (rng.standard_normal((m, k)) * 4).astype(dtype)
-    b = (rng.standard_normal((k, n)) * 4).astype(dtype)
-    left = np.ascontiguousarray(a.T) if transpose_a else a
-    right = np.ascontiguousarray(b.T) if transpose_b else b
-    got = ops._dot(left, right, transpose_a, transpose_b)
-    want = np.array([[sum(float(a[i, j]) * float(b[j, c]) for j in range(k)) for c in range(n)]
-                     for i in range(m)])
-    assert got.shape == (m, n) and got.dtype == dtype
-    np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == "float32" else 1e-12)
-    # a view that is not contiguous goes through NumPy, with the same numbers
-    wide = np.zeros((right.shape[0], 2 * right.shape[1]), dtype)
-    wide[:, ::2] = right
-    np.testing.assert_allclose(ops._dot(left, wide[:, ::2], transpose_a, transpose_b), want,
-                               rtol=1e-5 if dtype == "float32" else 1e-12)
-
-
 def test_dot_static_shapes():
     x = K.placeholder((None, 28, 3))
     y = K.placeholder((3, 4))

@@ -6,7 +6,8 @@ transformed kernels: small products, where OpenBLAS spends much of its time
 packing both operands again on every call (a 16 x 128 by 128 x 512 product ran
 at 6.6 GMAC/s on one core, 13 transposed, where its large products reach 17).
 Here the right operand is packed once by :func:`pack` into panels of
-:data:`PANEL` columns, contiguous along k, and each product runs a register
+:func:`panel_width` columns, contiguous along k (or, used once, read in place
+by :func:`matmul`), and each product runs a register
 tile of up to :data:`TILE_ROWS` rows by one panel: the tile's sums stay in
 vector registers for the whole of k, each step of k loading one row of the
 panel and broadcasting one value of each row of the left operand (the
@@ -14,8 +15,9 @@ micro-kernel of BLIS and of OpenBLAS itself).  Measured on one core of a
 2-core AMD EPYC with AVX2 against NumPy 2.4's OpenBLAS, float32: 16 x 128 by
 128 x 512 in 59 us (OpenBLAS 158 us, 80 transposed), 36 x 32 by 32 x 64 in
 3.8 us (4.3), 128 x 512 by 512 x 512 in 1.6 ms (2.0); float64 1.2-1.4x faster
-too.  A single row is a matrix times a vector, where BLAS's gemv is faster
-(4.7 against 7.7 us): callers time the two (numbackend/scan_loop.py).
+too.  A single row is a matrix times a vector, where BLAS's gemv is as fast
+or faster (4.3 against 4.7 us for 1 x 128 by 128 x 512): callers time the two
+(numbackend/scan_loop.py).
 
 The micro-kernel is LLVM vector code written with llvmlite
 (:func:`_tile_kernel`): Numba's own loops keep such a tile's sums in memory.

@@ -67,7 +67,7 @@ def _tile_kernel(rows):
 
     @intrinsic
     def tile(typingctx, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
-        # any mix of the two float types compiles; matmul_packed refuses one at run time
+        # any mix of the two float types compiles; _check refuses one at run time
         if not all(isinstance(x, types.Array) and x.dtype in (types.float32, types.float64)
                    for x in (a, b, out)):
             return None
@@ -271,10 +271,10 @@ def matmul(a, b, out):
         return
     width = panel_width(b.itemsize)
     full = n // width
-    last_panel = np.zeros((k if full * width < n else 0, width), b.dtype)
-    for i in range(last_panel.shape[0]):
-        for x in range(n - full * width):
-            last_panel[i, x] = b[i, full * width + x]
+    if full * width < n:
+        last_panel = pack(b[:, full * width:], False)[0]
+    else:
+        last_panel = np.zeros((0, width), b.dtype)
     _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out, lda, ldo)
 
 

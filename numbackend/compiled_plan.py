@@ -82,6 +82,14 @@ def render(plan, packable=(), sliced=None):
     return Rendered(lines, kernel_lines, constant_names, variables, packing_lines, hoistings)
 
 
+def compiles_product(node):
+    """Whether a ``dot`` node has a compiled form: a product of two float32 or two
+    float64 matrices, through a BLAS that jit_kernels.blas can call."""
+    a, b = node.inputs
+    return (blas.AVAILABLE and a.ndim == 2 and b.ndim == 2
+            and node.dtype in ("float32", "float64") and a.dtype == b.dtype == node.dtype)
+
+
 def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):
     """The lines of a library step, or None where it has no compiled form.  A
     product by a ``packable`` placeholder adds the name of its packed form to
@@ -89,9 +97,7 @@ def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hois
     placeholder by it adds the lines that compute it over all steps to
     ``hoistings``."""
     if node.op == "dot":
-        a, b = node.inputs
-        if (a.ndim != 2 or b.ndim != 2 or node.dtype not in ("float32", "float64")
-                or a.dtype != node.dtype or b.dtype != node.dtype):
+        if not compiles_product(node):
             return None
         ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
         rows = f"{ins[0]}.shape[{1 if ta else 0}]"

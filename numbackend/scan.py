@@ -334,12 +334,8 @@ def _product_stays_in_loop(node):
     rows are few (scan_loop.IN_LOOP_MIN_ROWS): the W5 LSTM ran 11-13% faster at
     batch 32 (its input projection's 6.5 MB neither written nor read again) and
     as fast at batches 1 to 8."""
-    x, y = node.inputs
-    if x.ndim != 2 or y.ndim != 2 or not x.dtype == y.dtype == node.dtype or node.dtype not in (
-            "float32", "float64"):
-        return False
-    from jit_kernels import blas
-    return blas.AVAILABLE
+    from .compiled_plan import compiles_product  # loads Numba: not at import
+    return compiles_product(node)
 
 
 def scan(step, sequences, initial_states, reverse=False, keep_history=True, where="scan"):

@@ -276,8 +276,8 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     assert taken == [1] and y.dtype == np.float32
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
     winograd = []
-    inputs = conv._winograd_inputs
-    monkeypatch.setattr(conv, '_winograd_inputs', lambda *a: winograd.append(1) or inputs(*a))
+    in_parts = conv._winograd_in_parts
+    monkeypatch.setattr(conv, '_winograd_in_parts', lambda *a: winograd.append(1) or in_parts(*a))
     conv.conv_forward(random((8, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
     assert taken == [1] and winograd == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
     # fewer blocks than WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
@@ -298,17 +298,24 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
 def winograd_chunks(monkeypatch):
     """Every 3x3 convolution with stride 1 over 8 channels or more runs Winograd,
     however few its blocks; yields the list of bands of every chunk it
-    transforms (``_winograd_inputs`` calls: 4 output rows of an image a band)."""
+    transforms (4 output rows of an image a band): the chunks of
+    ``_winograd_bands`` calls from Python, or all the bands at once where they
+    go to ``_winograd_in_parts``."""
     monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
     monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 1)
     chunks = []
-    kernel = conv._winograd_inputs
+    bands, in_parts = conv._winograd_bands, conv._winograd_in_parts
 
-    def counted(rows, width, tiles_h, tiles_w, first_band, v, scratch):
-        chunks.append(v.shape[0] // 36 // tiles_w)
-        return kernel(rows, width, tiles_h, tiles_w, first_band, v, scratch)
+    def counted(rows, width, tiles_h, tiles_w, first, end, *rest):
+        chunks.append(end - first)
+        return bands(rows, width, tiles_h, tiles_w, first, end, *rest)
 
-    monkeypatch.setattr(conv, '_winograd_inputs', counted)
+    def counted_in_parts(rows, width, tiles_h, tiles_w, *rest):
+        chunks.append(rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h)
+        return in_parts(rows, width, tiles_h, tiles_w, *rest)
+
+    monkeypatch.setattr(conv, '_winograd_bands', counted)
+    monkeypatch.setattr(conv, '_winograd_in_parts', counted_in_parts)
     return chunks
 
 
@@ -379,6 +386,40 @@ def test_conv_winograd_float32(winograd_chunks):
 
 
 @pytest.mark.parametrize('threads', [1, 2])
+def test_conv_winograd_bands_in_parts(monkeypatch, winograd_chunks, threads):
+    """All the bands at once (fewer than two chunks' worth), split between BLAS's
+    threads as compiled parts (jit_kernels.parts): 3 bands on 2 threads are
+    2 + 1; with one thread the one part runs on the calling thread."""
+    if threads > blas.threads():
+        pytest.skip("OpenBLAS has fewer threads here")
+    monkeypatch.setattr(blas, 'threads', lambda: threads)
+    for dtype in (np.float64, np.float32):
+        x, w = random((1, 11, 10, 8), dtype), random((3, 3, 8, 12), dtype)
+        y = conv.conv_forward(x, w, 1, 'same')
+        expected = reference_conv(x.astype(float), w.astype(float), 1, 'same', 1)
+        tol = 1e-12 if dtype == np.float64 else 1e-4 * np.abs(expected).max()
+        np.testing.assert_allclose(y, expected, rtol=tol, atol=tol)
+    assert winograd_chunks == [3, 3]
+
+
+def test_conv_winograd_kernel_transform_is_kept_until_the_kernel_changes(monkeypatch, winograd_chunks):
+    """The kernel's transform is made once for a kernel used again, and made
+    anew when the kernel's values change in place (same array, same address)."""
+    made = []
+    transform = conv._winograd_kernel_transform
+    monkeypatch.setattr(conv, '_winograd_kernel_transform', lambda *a: made.append(1) or transform(*a))
+    x, w = random((2, 6, 7, 8)), random((3, 3, 8, 9))
+    for _ in range(2):
+        np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'),
+                                   reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
+    assert made == [1]
+    w[1, 2, 3, 4] += 1.0
+    np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'),
+                               reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
+    assert made == [1, 1] and winograd_chunks == [4, 4, 4]  # 2 images of 2 bands
+
+
+@pytest.mark.parametrize('threads', [1, 2])
 def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads):
     """Chunks of one band (an image's band split from the next), split between
     threads, each block of output rows through the epilogue."""
@@ -392,9 +433,10 @@ def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winogra
     (blocks) where the batch has them: 8 rows are 4 bands of 2 blocks."""
     monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
     monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 8)
-    x, w = random((3, 7, 6, 8)), random((3, 3, 8, 8))  # 7 x 6 outputs: 2 bands of 2 blocks
+    monkeypatch.setattr(blas, 'threads', lambda: 1)  # the bands in order, on one thread
+    x, w = random((5, 7, 6, 8)), random((3, 3, 8, 8))  # 7 x 6 outputs: 2 bands of 2 blocks
     y = conv.conv_forward(x, w, 1, 'same')
-    assert winograd_chunks == [4, 2]
+    assert winograd_chunks == [4, 4, 2]
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
 
 

@@ -632,3 +632,37 @@ def test_one_call_falls_back_to_the_plan_for_what_it_refuses(plan_runs):
     assert runs[0] == 2
     with pytest.raises(ValueError, match=r"dot: cannot contract shapes \(4, 5\) and \(2, 3\)"):
         f([np.ones((4, 5)), bv])
+
+
+def test_products_by_weights_run_packed_after_their_first_calls(monkeypatch):
+    """x @ w by a variable's value: its first calls through BLAS, then on w packed
+    once, split between BLAS's threads; a value set anew is packed anew; more
+    rows than PACKED_WEIGHTS_MAX_ROWS go to BLAS."""
+    from jit_kernels import packed
+    if blas.threads() < 2:
+        pytest.skip("OpenBLAS has one thread here")
+    monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
+    packs, products = [], []
+    pack, product = packed.pack, packed.matmul_packed_in_parts
+    monkeypatch.setattr(packed, "pack", lambda b, t: packs.append(b.shape) or pack(b, t))
+    monkeypatch.setattr(packed, "matmul_packed_in_parts",
+                        lambda *a: products.append(a[0].shape) or product(*a))
+    rng = np.random.default_rng(5)
+    for dtype in ("float32", "float64"):
+        packs.clear()
+        products.clear()
+        value = rng.standard_normal((7, 37)).astype(dtype)
+        w = K.variable(value, dtype=dtype)
+        x = K.placeholder((None, 7), dtype=dtype)
+        f = K.function([x], [ops.apply("dot", x, w)])
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        for rows in (1, 2, 3, 4, 5):  # the first two through BLAS, 5 rows too
+            a = rng.standard_normal((rows, 7)).astype(dtype)
+            np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
+        assert packs == [(7, 37)] and products == [(3, 7), (4, 7)]
+        value = rng.standard_normal((7, 37)).astype(dtype)
+        K.set_value(w, value)
+        a = rng.standard_normal((1, 7)).astype(dtype)
+        np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
+        assert packs == [(7, 37)] * 2 and products == [(3, 7), (4, 7), (1, 7)]

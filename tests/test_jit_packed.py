@@ -3,7 +3,7 @@ the definition."""
 import numpy as np
 import pytest
 
-from jit_kernels import packed
+from jit_kernels import blas, packed
 
 WIDTH32 = packed.panel_width(4)
 
@@ -94,3 +94,36 @@ def test_products_reject_what_does_not_match():
     with pytest.raises(ValueError, match="not contiguous"):
         packed.matmul(np.ones((2, 4)), np.ones((4, 6))[:, ::2], out)
     np.testing.assert_array_equal(out, 0)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("m, k, n", [
+    (1, 9, 1), (1, 7, WIDTH32), (3, 5, 2 * WIDTH32 + 1), (2, 4, 5 * WIDTH32 - 3),
+    (4, 0, 6), (0, 4, 6), (4, 5, 0)])
+def test_matmul_packed_in_parts_matches_the_definition(monkeypatch, threads, dtype, m, k, n):
+    """The panels split between 1, 2 or 3 parts (3 run one after another on 2
+    threads), a last part of fewer panels, or of a narrow last panel."""
+    if min(threads, 2) > blas.threads():
+        pytest.skip("OpenBLAS has fewer threads here")
+    monkeypatch.setattr(blas, "threads", lambda: threads)
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    out = np.full((m, n), np.nan, dtype)
+    packed.matmul_packed_in_parts(a, packed.pack(b, False), out)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(out, definition(a, b), rtol=tol, atol=tol)
+
+
+def test_matmul_packed_in_parts_rejects_what_does_not_match():
+    a, b = np.ones((2, 3), np.float32), np.ones((3, 5), np.float32)
+    with pytest.raises(ValueError, match="shapes of a product do not match"):
+        packed.matmul_packed_in_parts(a, packed.pack(np.ones((4, 5), np.float32), False),
+                                      np.empty((2, 5), np.float32))
+    with pytest.raises(ValueError, match="differ in type"):
+        packed.matmul_packed_in_parts(a, packed.pack(b.astype(np.float64), False),
+                                      np.empty((2, 5), np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        packed.matmul_packed_in_parts(np.ones((2, 6), np.float32)[:, ::2], packed.pack(b, False),
+                                      np.empty((2, 5), np.float32))

@@ -36,6 +36,7 @@ import numpy as np
 from numba import prange
 
 from . import blas, njit_cached, njit_cached_twins, packed, parts
+from .reduce import maximum
 
 _JIT = {'error_model': 'numpy', 'nogil': True}
 
@@ -774,13 +775,16 @@ def _uses_winograd(g, batch, channels, out_ch, dtype):
             and dtype in (np.float32, np.float64))
 
 
-def _winograd_products(x5, g, w, y2, finish=None, remember=True):
+def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None):
     """What :func:`_columns_times` computes for a 3x3 kernel ``w`` (3, 3, C, OC)
     with stride 1, as Winograd F(4x4, 3x3) over bands of 4 output rows of an
     image: chunk by chunk of bands, the inputs' transforms, 36 products (one
     per element of a 6x6 transform, over every block of the chunk at once)
     and the products' transforms back.  ``remember``: keep the kernel's
-    transform for the next call (see :func:`_winograd_kernels`)."""
+    transform for the next call (see :func:`_winograd_kernels`).
+    ``pool_into``: (mode, pooled rows) of a pooling without epilogue, which
+    the parts of :func:`_winograd_in_parts` run themselves; ``finish`` pools
+    otherwise."""
     batch, channels, out_ch = x5.shape[0], x5.shape[-1], w.shape[-1]
     out_h, out_w = g.out[1], g.out[2]
     tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
@@ -797,6 +801,9 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True):
             _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
             return
         target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
+        if pool_into is not None:
+            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *pool_into)
+            return
         _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w)
         if finish is not None:
             finish(target, 0, target.shape[0])
@@ -851,17 +858,44 @@ def _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, ou
 
 
 @njit_cached(**_JIT)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch):
+def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
+    """Pool the outputs of bands first..end-1, in ``out`` from the first band's
+    first position on, over 2x2 windows with stride 2 ('valid': an odd last
+    row or column left out) into their rows of ``pooled`` (positions of
+    (N, OH // 2, OW // 2), channels): the maximum where ``mode`` is 1 (NaN
+    where a window holds one), else the mean."""
+    pool_h, pool_w = out_h // 2, out_w // 2
+    origin = _band_row(first, tiles_h, out_h, out_w)
+    for band in range(first, end):
+        n, top = band // tiles_h, 4 * (band % tiles_h)
+        for py in range(top // 2, min(top + 4, out_h) // 2):
+            for px in range(pool_w):
+                r = (n * out_h + 2 * py) * out_w + 2 * px - origin
+                target = (n * pool_h + py) * pool_w + px
+                if mode == 1:
+                    for c in range(out.shape[1]):
+                        pooled[target, c] = maximum(maximum(out[r, c], out[r + 1, c]),
+                                                    maximum(out[r + out_w, c], out[r + out_w + 1, c]))
+                else:
+                    for c in range(out.shape[1]):
+                        pooled[target, c] = (out[r, c] + out[r + 1, c] + out[r + out_w, c]
+                                             + out[r + out_w + 1, c]) * 0.25
+
+
+@njit_cached(**_JIT)
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch,
+                          pool_mode, pooled):
     """The descriptors of :func:`_winograd_part_of`: one a part of ``per`` bands,
     each with its row of ``scratch``."""
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     count = scratch.shape[0]
-    d = np.empty((count, 16), np.int64)
+    d = np.empty((count, 19), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
         d[i, 4], d[i, 5], d[i, 6], d[i, 7] = tiles_h, tiles_w, i * per, min(bands, (i + 1) * per)
         d[i, 8], d[i, 9], d[i, 10], d[i, 11] = u.ctypes.data, u.shape[2], out.ctypes.data, out_h
         d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
+        d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
     return d
 
 
@@ -877,6 +911,8 @@ def _winograd_part_of(d, dtype):
     out = parts.array_at(d[10], (end_row, d[9]), dtype)[first_row:]
     scratch = parts.array_at(d[13], (d[14],), dtype)
     _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
+    if d[16]:
+        _pool_bands(out, first, end, tiles_h, out_h, out_w, d[16], parts.array_at(d[17], (d[18], d[9]), dtype))
 
 
 def _winograd_part(d):
@@ -890,11 +926,17 @@ def _winograd_part(d):
 _winograd_part_callback = parts.compiled_part(_winograd_part)
 
 
-def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w):
+def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None):
     """:func:`_winograd_bands` over every band, the bands split between BLAS's
     threads with no Python between the steps (:mod:`parts`): mnist_cnn's second
-    layer at batch 1 took 113-123 us so on 2 cores, against 206 us on one."""
-    if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous):
+    layer at batch 1 took 113-123 us so on 2 cores, against 206 us on one.
+    With ``pool`` ('max' or 'avg'), each part also pools its bands' outputs
+    over 2x2 windows with stride 2 into the rows (N*OH//2*OW//2, OC) of
+    ``pooled``, while they are in its core's cache."""
+    if pooled is None:
+        pooled = out[:0]
+    if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous
+            and pooled.flags.c_contiguous):
         raise ValueError("_winograd_in_parts: the parts read and write whole C-contiguous arrays")
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     if bands == 0:
@@ -904,8 +946,10 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w):
     count = -(-bands // per)
     scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
+    pool_mode = {None: 0, 'max': 1, 'avg': 2}[pool]
     parts.run(_winograd_part_callback,
-              _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch))
+              _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch,
+                                    pool_mode, pooled))
 
 
 # The last kernels' transforms (see _winograd_kernels), newest last
@@ -1069,7 +1113,9 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
         _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif _uses_winograd(g, batch, channels, out_ch, x.dtype):
-        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish)
+        pool_into = None if epilogue is not None or pool is None else (pool, pooled.reshape(-1, out_ch))
+        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
+                           pool_into=pool_into)
     else:
         _columns_times(_as_5d(x, g), g, w2, y2, finish)
     return y if pool is None else pooled

@@ -624,15 +624,17 @@ class Plan:
         module = codegen.load_kernel(codegen.generate_source(spec, into=True))
         others = [value_of(t) for j, t in enumerate(inputs) if j != position]
         call, name = new_name("L"), new_name("v")
+        pool_first = pool is not None and pool.attrs["mode"] == "max" and rises_with(g, node)
         ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs),
-                                          pool)
+                                          pool, pool_first)
         lines.append(f"{name} = {call}({', '.join([value_of(i) for i in node.inputs] + others)})")
         result = out if pool is None else pool
         names[result.id] = name
         self.program.append(("unsupported", "a library step with an element-wise epilogue"))
         self.kernels.append(module)
         members = [node] + list(g.members) + ([] if pool is None else [pool])
-        label = f"{node.op}+fused[{module.KEY[:8]}]" + ("" if pool is None else "+pool")
+        label = (f"{node.op}+pool+fused[{module.KEY[:8]}]" if pool_first else
+                 f"{node.op}+fused[{module.KEY[:8]}]" + ("" if pool is None else "+pool"))
         self.steps.append(Step("library", label, members, [result], module))
         return True
 
@@ -768,12 +770,32 @@ class _EpilogueMismatch(Exception):
     """Run-time shapes that the epilogue's kernel was not compiled for."""
 
 
-def _library_with_epilogue(node, module, patterns, position, fallback, pool=None):
+def rises_with(g, node):
+    """Whether group ``g``'s output is non-decreasing in ``node``'s value, element
+    by element, its other inputs held fixed: each member on a path from node to
+    the output is so in the operands on such paths (Op.rising).  Max pooling
+    then commutes with g (a bias and a ReLU): pooled first, node's value leaves
+    g a quarter of the values.  The one difference: a window holding -inf,
+    where g adds +inf, pools to inf rather than to the NaN of -inf + inf."""
+    on_path = {node.id}
+    for m in g.members:  # in the order they are computed
+        operands = [j for j, i in enumerate(m.inputs) if i.id in on_path]
+        if not operands:
+            continue
+        if any(j not in OPS[m.op].rising for j in operands):
+            return False
+        on_path.add(m.id)
+    return g.outputs[0].id in on_path
+
+
+def _library_with_epilogue(node, module, patterns, position, fallback, pool=None, pool_first=False):
     """A plan step's callable for library ``node`` running a group's kernel as its
     epilogue, and pooling the result where ``pool`` (a 'pool' node) is given:
-    ``call(*node_inputs, *group_inputs_but_node)``.  Run-time shapes the
-    kernel does not take (a last axis of another length) run the node, then
-    the group with NumPy, then the pool."""
+    ``call(*node_inputs, *group_inputs_but_node)``.  With ``pool_first`` (max
+    pooling, a group that :func:`rises_with` node), node's value is pooled and
+    the group runs on the pooled values.  Run-time shapes the kernel does not
+    take (a last axis of another length) run the node, then the group with
+    NumPy, then the pool."""
     unpooled = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
     impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
     pool_call = None if pool is None else library_call(pool)
@@ -794,6 +816,11 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
             module.run_serial_into(*block_args, out)
 
         try:
+            if pool_first:
+                pooled = impl(*arrays[:own])
+                result = np.empty_like(pooled)
+                epilogue(pooled.reshape(-1, pooled.shape[-1]), result.reshape(-1, pooled.shape[-1]))
+                return result
             return impl(*arrays[:own], epilogue=epilogue)
         except _EpilogueMismatch:
             group_inputs[position] = unpooled(*arrays[:own])

@@ -29,7 +29,7 @@ OPS = {}
 class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
                  reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
-                 computed_by=None, epilogue=False, pools=False, grad_takes_wanted=False):
+                 computed_by=None, epilogue=False, pools=False, grad_takes_wanted=False, rising=()):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -57,6 +57,10 @@ class Op:
         # epilogue) pooled over 2x2 windows with stride 2, 'valid', computed block
         # by block; the compiler passes a 'pool' node that alone reads that result
         self.pools = pools
+        # the operands in each of which the op's compiled and NumPy forms are
+        # non-decreasing, rounding included (the others held fixed): max pooling
+        # commutes with such ops (see compiler.rises_with)
+        self.rising = rising
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -198,13 +202,13 @@ def _float_of(dtype):
     return dtype if np.dtype(dtype).kind == "f" else config.floatx()
 
 
-def elementwise(name, arity, template, impl, out="promote", grad=None):
+def elementwise(name, arity, template, impl, out="promote", grad=None, rising=()):
     """Define an element-wise op.
 
     out: 'promote' (NumPy promotion of the operands), 'float' (promotion, then
     integers and booleans become floatx), 'bool' (comparisons: operands are
     compared in their promoted type), 'cast' (the dtype attribute), 'first' (the
-    first operand's dtype).
+    first operand's dtype).  rising: see Op.rising.
     """
     def infer(inputs, attrs):
         if len(inputs) != arity:
@@ -231,7 +235,7 @@ def elementwise(name, arity, template, impl, out="promote", grad=None):
         return _float_of(promoted) if out == "float" else promoted
 
     return register(Op(name, "elementwise", infer, impl, template=template, grad=grad,
-                       compute_dtype=compute_dtype))
+                       compute_dtype=compute_dtype, rising=rising))
 
 
 def _np_sigmoid(x):
@@ -261,8 +265,9 @@ def _np_cast(x, dtype):
     return x.astype(dtype)
 
 
-elementwise("add", 2, "({0} + {1})", np.add, grad=lambda g, n: [g, g])
-elementwise("subtract", 2, "({0} - {1})", np.subtract, grad=lambda g, n: [g, apply("negative", g)])
+elementwise("add", 2, "({0} + {1})", np.add, grad=lambda g, n: [g, g], rising=(0, 1))
+elementwise("subtract", 2, "({0} - {1})", np.subtract, grad=lambda g, n: [g, apply("negative", g)],
+            rising=(0,))
 elementwise("multiply", 2, "({0} * {1})", np.multiply,
             grad=lambda g, n: [apply("multiply", g, n.inputs[1]), apply("multiply", g, n.inputs[0])])
 def _quotient_grad(op):
@@ -290,10 +295,12 @@ elementwise("power", 2, "vm.pow_{T}({0}, {1})", _np_power, out="float",
                 apply("multiply", g, apply("multiply", n, apply("log", n.inputs[0])))])
 elementwise("maximum", 2, "({0} if ({0} >= {1} or {0} != {0}) else {1})", np.maximum,
             grad=lambda g, n: [apply("multiply", g, apply("cast", apply("greater_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
-                               apply("multiply", g, apply("cast", apply("less", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+                               apply("multiply", g, apply("cast", apply("less", n.inputs[0], n.inputs[1]), dtype=g.dtype))],
+            rising=(0, 1))
 elementwise("minimum", 2, "({0} if ({0} <= {1} or {0} != {0}) else {1})", np.minimum,
             grad=lambda g, n: [apply("multiply", g, apply("cast", apply("less_equal", n.inputs[0], n.inputs[1]), dtype=g.dtype)),
-                               apply("multiply", g, apply("cast", apply("greater", n.inputs[0], n.inputs[1]), dtype=g.dtype))])
+                               apply("multiply", g, apply("cast", apply("greater", n.inputs[0], n.inputs[1]), dtype=g.dtype))],
+            rising=(0, 1))
 for _name, _sym, _fn in (("equal", "==", np.equal), ("not_equal", "!=", np.not_equal),
                          ("less", "<", np.less), ("less_equal", "<=", np.less_equal),
                          ("greater", ">", np.greater), ("greater_equal", ">=", np.greater_equal)):

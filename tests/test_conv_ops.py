@@ -423,15 +423,37 @@ def test_conv_epilogue_of_integers_and_float32_is_float64():
 @pytest.mark.parametrize("x_shape, kernel", [((3, 9, 8, 2), (3, 3)), ((2, 7, 9, 3), (1, 1))])
 def test_conv_epilogue_then_2x2_pooling_is_one_step(x_shape, kernel, mode):
     # Keras's Conv2D(activation) then MaxPooling2D(): the pooling runs on each
-    # block of the convolution after its epilogue; odd rows and columns left out
+    # block of the convolution after its epilogue, or for max pooling, which
+    # commutes with a bias and a ReLU, before it; odd rows and columns left out
     x, w, b = rand(*x_shape), rand(*kernel, x_shape[-1], 4), rand(4)
     f, got = _epilogue_function(lambda x: K.pool2d(K.relu(K.conv2d(x, K.variable(w, dtype="float64"))
                                                           + K.variable(b, dtype="float64")),
                                                    (2, 2), (2, 2), pool_mode=mode), x)
-    assert "conv+fused" in f.explain() and "+pool" in f.explain()
+    assert ("conv+pool+fused" if mode == "max" else "+pool") in f.explain()
     assert len(f.explain().splitlines()) == 1
     conv = np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) + b, 0)
     np.testing.assert_allclose(got, ref_pool(conv, (2, 2), (2, 2), "valid", mode),
+                               rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("epilogue, pooled_first", [
+    (lambda y, b: K.relu(y + b) - 0.25, True),          # add, maximum, subtract: all rising
+    (lambda y, b: K.minimum(b - y, 0.5), False),        # b - y falls as y rises
+    (lambda y, b: K.relu(y * b), False),                # a product: falls where b < 0
+    (lambda y, b: K.relu(y + b) + K.square(y), False),  # y also reaches square
+])
+def test_conv_max_pooling_before_its_epilogue_only_where_it_commutes(epilogue, pooled_first):
+    """Max pooling runs before the epilogue where every op of the epilogue on the
+    way from the convolution is non-decreasing in it (Op.rising); after it
+    otherwise.  Both give the pooled epilogue of the full convolution."""
+    x, w, b = rand(2, 9, 8, 3), rand(3, 3, 3, 4), rand(4)
+    xp = K.placeholder((None, 9, 8, 3), dtype="float64")
+    y = K.conv2d(xp, K.variable(w, dtype="float64"))
+    f = K.function([xp], [K.pool2d(epilogue(y, K.variable(b, dtype="float64")), (2, 2), (2, 2))])
+    assert ("conv+pool+fused" in f.explain()) == pooled_first and "+pool" in f.explain()
+    yp, bp = K.placeholder((None, 7, 6, 4), dtype="float64"), K.placeholder((4,), dtype="float64")
+    full = K.function([yp, bp], [epilogue(yp, bp)])([ref_conv(x, w, (1, 1), "valid", (1, 1)), b])[0]
+    np.testing.assert_allclose(f([x])[0], ref_pool(full, (2, 2), (2, 2), "valid", "max"),
                                rtol=1e-12, atol=1e-12)
 
 

@@ -211,13 +211,14 @@ def library_call(node):
     return call
 
 
-# A product by a variable's or a constant's value (a layer's weights) runs on
-# them packed (jit_kernels.packed), its panels split between BLAS's threads,
-# where x has at most this many rows and the weights this many items or more:
-# at batch 1 such a product reads the weights from memory, and two threads
-# reading packed panels took mnist_cnn's 1 x 9216 by 9216 x 128 from 212 to
-# 143 us in the model.  With more rows, BLAS's own blocking wins; smaller
-# weights cost less than running parts.
+# A product by a variable's or a constant's value (a layer's weights) with at
+# most this many rows of x runs on jit_kernels.packed's micro-kernel: at batch
+# 1 it reads the weights from memory.  Weights of this many items or more are
+# packed once per value and their panels split between BLAS's threads
+# (mnist_cnn's 1 x 9216 by 9216 x 128: 212 -> 143 us in the model); smaller
+# ones are read in place on the calling thread (its 1 x 128 by 128 x 10: 15 ->
+# 8 us, OpenBLAS's call costing more than the product).  With more rows,
+# BLAS's own blocking wins.
 PACKED_WEIGHTS_MAX_ROWS = 4
 PACKED_WEIGHTS_MIN_ITEMS = 1 << 16
 PACKED_WEIGHTS_AFTER = 2  # calls through BLAS first (see _ProductByWeights)
@@ -235,9 +236,10 @@ def _multiplies_weights(node):
 
 class _ProductByWeights:
     """A plan step ``x @ w`` for a node of :func:`_multiplies_weights`: with few
-    rows of x, through :func:`jit_kernels.packed.matmul_packed_in_parts` on w
-    packed once per value (a variable's value is replaced, never written in
-    place: Variable.assign and the updates store new arrays); else BLAS.
+    rows of x, on jit_kernels.packed's micro-kernel, large weights packed once
+    per value (a variable's value is replaced, never written in place:
+    Variable.assign and the updates store new arrays) and split between BLAS's
+    threads; else through BLAS.
 
     The first :data:`PACKED_WEIGHTS_AFTER` calls go to BLAS: loading the packed
     products' code (about 0.1 s) would double a new process's first prediction
@@ -251,20 +253,23 @@ class _ProductByWeights:
         self.packing = None  # (weak reference to the value packed, its panels)
 
     def __call__(self, x, w):
-        if (x.shape[0] > PACKED_WEIGHTS_MAX_ROWS or w.size < PACKED_WEIGHTS_MIN_ITEMS
-                or x.dtype != self.dtype or w.dtype != self.dtype or x.shape[1] != w.shape[0]
-                or not x.flags.c_contiguous or self.calls < PACKED_WEIGHTS_AFTER):
+        if (x.shape[0] > PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype or w.dtype != self.dtype
+                or x.shape[1] != w.shape[0] or not x.flags.c_contiguous or not w.flags.c_contiguous
+                or self.calls < PACKED_WEIGHTS_AFTER):
             self.calls += 1
             return self.fallback(x, w)
         if self.packed is None:
             from jit_kernels import blas, packed
             self.blas, self.packed = blas, packed
-        if self.blas.threads() < 2:
+        out = np.empty((x.shape[0], w.shape[1]), self.dtype)
+        if w.size < PACKED_WEIGHTS_MIN_ITEMS:
+            self.packed.matmul(x, w, out)
+            return out
+        if self.blas.threads() < 2:  # one core reads the weights faster through BLAS
             return self.fallback(x, w)
         packing = self.packing
         if packing is None or packing[0]() is not w:
             packing = self.packing = (weakref.ref(w), self.packed.pack(w, False))
-        out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         self.packed.matmul_packed_in_parts(x, packing[1], out)
         return out
 

@@ -637,7 +637,8 @@ def test_one_call_falls_back_to_the_plan_for_what_it_refuses(plan_runs):
 def test_products_by_weights_run_packed_after_their_first_calls(monkeypatch):
     """x @ w by a variable's value: its first calls through BLAS, then on w packed
     once, split between BLAS's threads; a value set anew is packed anew; more
-    rows than PACKED_WEIGHTS_MAX_ROWS go to BLAS."""
+    rows than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
+    PACKED_WEIGHTS_MIN_ITEMS items are read in place by packed.matmul."""
     from jit_kernels import packed
     if blas.threads() < 2:
         pytest.skip("OpenBLAS has one thread here")
@@ -648,6 +649,8 @@ def test_products_by_weights_run_packed_after_their_first_calls(monkeypatch):
     monkeypatch.setattr(packed, "pack", lambda b, t: packs.append(b.shape) or pack(b, t))
     monkeypatch.setattr(packed, "matmul_packed_in_parts",
                         lambda *a: products.append(a[0].shape) or product(*a))
+    in_place, matmul = [], packed.matmul
+    monkeypatch.setattr(packed, "matmul", lambda *a: in_place.append(a[0].shape) or matmul(*a))
     rng = np.random.default_rng(5)
     for dtype in ("float32", "float64"):
         packs.clear()
@@ -666,3 +669,10 @@ def test_products_by_weights_run_packed_after_their_first_calls(monkeypatch):
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert packs == [(7, 37)] * 2 and products == [(3, 7), (4, 7), (1, 7)]
+        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
+        for rows in (2, 5):
+            a = rng.standard_normal((rows, 7)).astype(dtype)
+            np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
+        assert in_place == [(2, 7)] and len(products) == 3
+        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+        in_place.clear()

@@ -30,6 +30,7 @@ the smaller half before; 'causal' pads ``(k - 1) * dilation`` before only.
 import collections
 import functools
 import math
+import weakref
 from collections import namedtuple
 
 import numpy as np
@@ -822,7 +823,7 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
                 raise _NonFiniteInput
             start, stop = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
             target = y2[start:stop] if finish is None else block[:stop - start]
-            _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, target, out_h, out_w, scratch)
+            _winograd_chunk(rows, width, tiles_h, tiles_w, first, end, u, target, out_h, out_w, scratch)
             if finish is not None:
                 finish(target, start, stop)
 
@@ -830,6 +831,12 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
         _in_image_parts(bands, chunk, run)
     except _NonFiniteInput:  # rewrites every output
         _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
+
+
+def _winograd_chunk(*args):
+    """:func:`_winograd_bands` of one chunk, called from Python (a name of its own,
+    which the compiled parts do not read: tests count the chunks through it)."""
+    _winograd_bands(*args)
 
 
 def _winograd_scratch_size(blocks, channels, out_ch):
@@ -962,7 +969,8 @@ def _winograd_kernels(w, remember=True):
     ``remember``, the last few are kept (a network's kernels change only between
     training steps; the transform took 25-44 us of mnist_cnn's 0.8 ms at batch
     1), each with a copy of its kernel that the next call compares in full, so
-    that a kernel changed in place is never missed."""
+    that a kernel changed in place is never missed, and each until the array
+    holding the kernel is freed (a training step's replaced weights)."""
     key = (parts.address(w), w.shape, w.dtype.str)  # not w.ctypes.data: 3 us
     known = _kernel_transforms.get(key) if remember else None
     if known is not None and _same_values(known[0], w):
@@ -974,6 +982,12 @@ def _winograd_kernels(w, remember=True):
         return u
     _kernel_transforms.pop(key, None)
     _kernel_transforms[key] = (w.copy(), u)
+    owner = w if w.base is None else w.base
+    try:
+        # freed before its memory can hold another array at the same address
+        weakref.finalize(owner, _kernel_transforms.pop, key, None)
+    except TypeError:  # memory of an object without weak references: kept until pushed out
+        pass
     held = sum(kept.nbytes + transform.nbytes for kept, transform in _kernel_transforms.values())
     while held > _KERNEL_TRANSFORMS_MAX_BYTES and len(_kernel_transforms) > 1:
         kept, transform = _kernel_transforms.pop(next(iter(_kernel_transforms)))

@@ -638,41 +638,44 @@ def test_products_by_weights_run_packed_after_their_first_calls(monkeypatch):
     """x @ w by a variable's value: its first calls through BLAS, then on w packed
     once, split between BLAS's threads; a value set anew is packed anew; more
     rows than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
-    PACKED_WEIGHTS_MIN_ITEMS items are read in place by packed.matmul."""
+    PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
     if blas.threads() < 2:
         pytest.skip("OpenBLAS has one thread here")
     monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
     monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
-    packs, products = [], []
-    pack, product = packed.pack, packed.matmul_packed_in_parts
-    monkeypatch.setattr(packed, "pack", lambda b, t: packs.append(b.shape) or pack(b, t))
+    # (only Python functions are wrapped: a compiled one read by another would
+    # not compile while wrapped)
+    in_parts, product = [], packed.matmul_packed_in_parts
     monkeypatch.setattr(packed, "matmul_packed_in_parts",
-                        lambda *a: products.append(a[0].shape) or product(*a))
-    in_place, matmul = [], packed.matmul
-    monkeypatch.setattr(packed, "matmul", lambda *a: in_place.append(a[0].shape) or matmul(*a))
+                        lambda *a: in_parts.append(a[0].shape) or product(*a))
     rng = np.random.default_rng(5)
     for dtype in ("float32", "float64"):
-        packs.clear()
-        products.clear()
+        in_parts.clear()
         value = rng.standard_normal((7, 37)).astype(dtype)
         w = K.variable(value, dtype=dtype)
         x = K.placeholder((None, 7), dtype=dtype)
         f = K.function([x], [ops.apply("dot", x, w)])
+        (step,) = [v for v in f.plan.run.__globals__.values() if isinstance(v, compiler._ProductByWeights)]
+        through_blas, fallback = [], step.fallback
+        step.fallback = lambda a, b, seen=through_blas, blas_call=fallback: (
+            seen.append(a.shape) or blas_call(a, b))
         tol = 1e-5 if dtype == "float32" else 1e-12
-        for rows in (1, 2, 3, 4, 5):  # the first two through BLAS, 5 rows too
+        panels = []
+        for rows in (1, 2, 3, 4, 5):
             a = rng.standard_normal((rows, 7)).astype(dtype)
             np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
-        assert packs == [(7, 37)] and products == [(3, 7), (4, 7)]
+            panels.append(None if step.packing is None else step.packing[1])
+        assert through_blas == [(1, 7), (2, 7), (5, 7)] and in_parts == [(3, 7), (4, 7)]
+        assert panels[:2] == [None, None] and panels[2] is panels[3] is panels[4]
         value = rng.standard_normal((7, 37)).astype(dtype)
         K.set_value(w, value)
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
-        assert packs == [(7, 37)] * 2 and products == [(3, 7), (4, 7), (1, 7)]
+        assert step.packing[1] is not panels[4] and in_parts == [(3, 7), (4, 7), (1, 7)]
         monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
         for rows in (2, 5):
             a = rng.standard_normal((rows, 7)).astype(dtype)
             np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
-        assert in_place == [(2, 7)] and len(products) == 3
+        assert len(in_parts) == 3 and through_blas == [(1, 7), (2, 7), (5, 7), (5, 7)]
         monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
-        in_place.clear()

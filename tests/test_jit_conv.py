@@ -299,12 +299,12 @@ def winograd_chunks(monkeypatch):
     """Every 3x3 convolution with stride 1 over 8 channels or more runs Winograd,
     however few its blocks; yields the list of bands of every chunk it
     transforms (4 output rows of an image a band): the chunks of
-    ``_winograd_bands`` calls from Python, or all the bands at once where they
-    go to ``_winograd_in_parts``."""
+    ``_winograd_chunk`` calls, or all the bands at once where they go to
+    ``_winograd_in_parts``."""
     monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
     monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 1)
     chunks = []
-    bands, in_parts = conv._winograd_bands, conv._winograd_in_parts
+    bands, in_parts = conv._winograd_chunk, conv._winograd_in_parts
 
     def counted(rows, width, tiles_h, tiles_w, first, end, *rest):
         chunks.append(end - first)
@@ -314,7 +314,7 @@ def winograd_chunks(monkeypatch):
         chunks.append(rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h)
         return in_parts(rows, width, tiles_h, tiles_w, *rest)
 
-    monkeypatch.setattr(conv, '_winograd_bands', counted)
+    monkeypatch.setattr(conv, '_winograd_chunk', counted)
     monkeypatch.setattr(conv, '_winograd_in_parts', counted_in_parts)
     return chunks
 
@@ -710,3 +710,16 @@ def test_local_conv_rejects_wrong_kernel():
     with pytest.raises(ValueError, match='expected'):
         conv.local_conv_forward(np.zeros((1, 9, 3)), np.zeros((4, 8, 2)), (3,), 2)
 
+
+
+def test_conv_winograd_kernel_transform_is_dropped_with_its_kernel(winograd_chunks):
+    """A kept transform goes when the array holding its kernel is freed (the
+    weights a training step replaced), a view's as well as an array's own."""
+    x = random((1, 6, 7, 8))
+    for make in (lambda: random((3, 3, 8, 9)), lambda: random((3 * 3 * 8 * 9,)).reshape(3, 3, 8, 9)):
+        w = make()
+        before = len(conv._kernel_transforms)
+        conv.conv_forward(x, w, 1, 'same')
+        assert len(conv._kernel_transforms) == before + 1
+        del w
+        assert len(conv._kernel_transforms) == before

@@ -70,7 +70,8 @@ def run(part, descriptors):
     """``part(row)`` (a :func:`compiled_part`) for each row of the int64 matrix
     ``descriptors``: at once on OpenBLAS's threads (the first row on the
     calling thread) where it has as many, else one after another on the
-    calling thread.  The arrays the rows point into must outlive the call."""
+    calling thread.  The arrays the rows point into must outlive the call.
+    Not from inside a part of :func:`blas.run_parts`, whose lock this takes too."""
     address, function = part()
     descriptors = np.ascontiguousarray(descriptors, np.int64)
     count = descriptors.shape[0]

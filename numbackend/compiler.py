@@ -261,12 +261,13 @@ class _ProductByWeights:
         if self.packed is None:
             from jit_kernels import blas, packed
             self.blas, self.packed = blas, packed
+        small = w.size < PACKED_WEIGHTS_MIN_ITEMS
+        if not small and self.blas.threads() < 2:  # one core reads them faster through BLAS
+            return self.fallback(x, w)
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
-        if w.size < PACKED_WEIGHTS_MIN_ITEMS:
+        if small:
             self.packed.matmul(x, w, out)
             return out
-        if self.blas.threads() < 2:  # one core reads the weights faster through BLAS
-            return self.fallback(x, w)
         packing = self.packing
         if packing is None or packing[0]() is not w:
             packing = self.packing = (weakref.ref(w), self.packed.pack(w, False))

@@ -399,7 +399,11 @@ def test_conv_winograd_bands_in_parts(monkeypatch, winograd_chunks, threads):
         expected = reference_conv(x.astype(float), w.astype(float), 1, 'same', 1)
         tol = 1e-12 if dtype == np.float64 else 1e-4 * np.abs(expected).max()
         np.testing.assert_allclose(y, expected, rtol=tol, atol=tol)
-    assert winograd_chunks == [3, 3]
+        for mode in ('max', 'avg'):  # each part pooling its own bands
+            pooled = conv.conv_forward(x, w, 1, 'same', pool=mode)
+            assert pooled.dtype == dtype
+            np.testing.assert_allclose(pooled, reference_pool_2x2(expected, mode), rtol=tol, atol=tol)
+    assert winograd_chunks == [3] * 6
 
 
 def test_conv_winograd_kernel_transform_is_kept_until_the_kernel_changes(monkeypatch, winograd_chunks):

@@ -638,7 +638,8 @@ class Plan:
         names[result.id] = name
         self.program.append(("unsupported", "a library step with an element-wise epilogue"))
         self.kernels.append(module)
-        members = [node] + list(g.members) + ([] if pool is None else [pool])
+        members = ([node, pool] + list(g.members) if pool_first else
+                   [node] + list(g.members) + ([] if pool is None else [pool]))
         label = (f"{node.op}+pool+fused[{module.KEY[:8]}]" if pool_first else
                  f"{node.op}+fused[{module.KEY[:8]}]" + ("" if pool is None else "+pool"))
         self.steps.append(Step("library", label, members, [result], module))

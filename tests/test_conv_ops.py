@@ -430,6 +430,7 @@ def test_conv_epilogue_then_2x2_pooling_is_one_step(x_shape, kernel, mode):
                                                           + K.variable(b, dtype="float64")),
                                                    (2, 2), (2, 2), pool_mode=mode), x)
     assert ("conv+pool+fused" if mode == "max" else "+pool") in f.explain()
+    assert ("conv -> pool -> add" if mode == "max" else "maximum -> pool") in f.explain()
     assert len(f.explain().splitlines()) == 1
     conv = np.maximum(ref_conv(x, w, (1, 1), "valid", (1, 1)) + b, 0)
     np.testing.assert_allclose(got, ref_pool(conv, (2, 2), (2, 2), "valid", mode),

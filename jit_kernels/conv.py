@@ -988,9 +988,14 @@ def _winograd_kernels(w, remember=True):
         weakref.finalize(owner, _kernel_transforms.pop, key, None)
     except TypeError:  # memory of an object without weak references: kept until pushed out
         pass
-    held = sum(kept.nbytes + transform.nbytes for kept, transform in _kernel_transforms.values())
-    while held > _KERNEL_TRANSFORMS_MAX_BYTES and len(_kernel_transforms) > 1:
-        kept, transform = _kernel_transforms.pop(next(iter(_kernel_transforms)))
+    # a copy to go through: a finalizer (another thread's, or this one's on any
+    # release of an array) may drop an entry meanwhile
+    entries = list(_kernel_transforms.items())
+    held = sum(kept.nbytes + transform.nbytes for _, (kept, transform) in entries)
+    for old_key, (kept, transform) in entries[:-1]:  # oldest first; never the newest
+        if held <= _KERNEL_TRANSFORMS_MAX_BYTES:
+            break
+        _kernel_transforms.pop(old_key, None)
         held -= kept.nbytes + transform.nbytes
     return u
 

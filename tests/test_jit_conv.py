@@ -727,3 +727,21 @@ def test_conv_winograd_kernel_transform_is_dropped_with_its_kernel(winograd_chun
         assert len(conv._kernel_transforms) == before + 1
         del w
         assert len(conv._kernel_transforms) == before
+
+
+def test_conv_winograd_kernel_transforms_keep_to_their_bytes(monkeypatch, winograd_chunks):
+    """Past _KERNEL_TRANSFORMS_MAX_BYTES the oldest kept transforms go first; the
+    newest stays however large."""
+    monkeypatch.setattr(conv, '_kernel_transforms', conv.collections.OrderedDict())
+    each = (9 + 36) * 8 * 9 * 8  # a kernel's copy and its transform, float64
+    monkeypatch.setattr(conv, '_KERNEL_TRANSFORMS_MAX_BYTES', 2 * each)
+    x = random((1, 6, 7, 8))
+    kernels = [random((3, 3, 8, 9)) for _ in range(4)]
+    for w in kernels:
+        np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'),
+                                   reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
+    assert len(conv._kernel_transforms) == 2
+    assert all(np.array_equal(kept, w) for (kept, _), w in zip(conv._kernel_transforms.values(), kernels[2:]))
+    monkeypatch.setattr(conv, '_KERNEL_TRANSFORMS_MAX_BYTES', 1)
+    conv.conv_forward(x, kernels[0], 1, 'same')
+    assert len(conv._kernel_transforms) == 1

@@ -802,11 +802,9 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
             _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
             return
         target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
-        if pool_into is not None:
-            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *pool_into)
-            return
-        _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w)
-        if finish is not None:
+        pool, pooled = (None, None) if pool_into is None else pool_into
+        _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, pool, pooled)
+        if finish is not None and pool is None:
             finish(target, 0, target.shape[0])
         return
 
@@ -870,7 +868,8 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
     first position on, over 2x2 windows with stride 2 ('valid': an odd last
     row or column left out) into their rows of ``pooled`` (positions of
     (N, OH // 2, OW // 2), channels): the maximum where ``mode`` is 1 (NaN
-    where a window holds one), else the mean."""
+    where a window holds one), else the mean, as jit_kernels.pool's kernels
+    compute them (which this module cannot call: pool imports it)."""
     pool_h, pool_w = out_h // 2, out_w // 2
     origin = _band_row(first, tiles_h, out_h, out_w)
     for band in range(first, end):
@@ -890,11 +889,10 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 
 @njit_cached(**_JIT)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch,
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, bands, per, scratch,
                           pool_mode, pooled):
-    """The descriptors of :func:`_winograd_part_of`: one a part of ``per`` bands,
-    each with its row of ``scratch``."""
-    bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
+    """The descriptors of :func:`_winograd_part_of`: one a part of ``per`` of the
+    ``bands``, each with its row of ``scratch``."""
     count = scratch.shape[0]
     d = np.empty((count, 19), np.int64)
     for i in range(count):
@@ -931,6 +929,8 @@ def _winograd_part(d):
 
 
 _winograd_part_callback = parts.compiled_part(_winograd_part)
+# a pooling's mode in a descriptor (see _pool_bands)
+_POOL_MODES = {None: 0, 'max': 1, 'avg': 2}
 
 
 def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None):
@@ -953,10 +953,9 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     count = -(-bands // per)
     scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
-    pool_mode = {None: 0, 'max': 1, 'avg': 2}[pool]
     parts.run(_winograd_part_callback,
-              _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, per, scratch,
-                                    pool_mode, pooled))
+              _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, bands, per,
+                                    scratch, _POOL_MODES[pool], pooled))
 
 
 # The last kernels' transforms (see _winograd_kernels), newest last

@@ -22,6 +22,7 @@ import numba
 from jit_kernels import blas
 
 from . import codegen
+from .ops import is_float_matrix_product
 
 # of float32 or float64 matrices; the second with its right operand packed
 # before the lines run (jit_kernels.packed: a scan's loop times both)
@@ -85,9 +86,7 @@ def render(plan, packable=(), sliced=None):
 def compiles_product(node):
     """Whether a ``dot`` node has a compiled form: a product of two float32 or two
     float64 matrices, through a BLAS that jit_kernels.blas can call."""
-    a, b = node.inputs
-    return (blas.AVAILABLE and a.ndim == 2 and b.ndim == 2
-            and node.dtype in ("float32", "float64") and a.dtype == b.dtype == node.dtype)
+    return blas.AVAILABLE and is_float_matrix_product(node)
 
 
 def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):

@@ -25,7 +25,7 @@ from .graph import (
     substitute,
     toposort,
 )
-from .ops import OPS, last_axis_window
+from .ops import OPS, is_float_matrix_product, last_axis_window
 
 # Groups whose domain is known to be this small are evaluated with NumPy: no compile.
 NUMPY_MAX_SIZE = 16
@@ -228,10 +228,9 @@ def _multiplies_weights(node):
     """Whether ``node`` is a product of a matrix by a variable's or a constant's
     value, 2-D, untransposed, of float32 or float64 (see
     :class:`_ProductByWeights`)."""
-    x, w = node.inputs if node.op == "dot" else (None, None)
-    return (node.op == "dot" and isinstance(w, (Variable, Constant)) and x.ndim == 2
-            and w.ndim == 2 and not node.attrs.get("transpose_a") and not node.attrs.get("transpose_b")
-            and node.dtype in ("float32", "float64") and x.dtype == w.dtype == node.dtype)
+    return (node.op == "dot" and isinstance(node.inputs[1], (Variable, Constant))
+            and is_float_matrix_product(node)
+            and not node.attrs.get("transpose_a") and not node.attrs.get("transpose_b"))
 
 
 class _ProductByWeights:

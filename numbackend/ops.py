@@ -544,6 +544,15 @@ def _dot_grad(g, n):
 library("dot", _dot_infer, _dot, grad=_dot_grad)
 
 
+def is_float_matrix_product(node):
+    """Whether a ``dot`` node multiplies two 2-D float32 or float64 matrices of its
+    own dtype: the products with compiled forms (compiled_plan, and the packed
+    products of compiler._ProductByWeights)."""
+    a, b = node.inputs
+    return (a.ndim == 2 and b.ndim == 2 and node.dtype in ("float32", "float64")
+            and a.dtype == b.dtype == node.dtype)
+
+
 def _matmul_infer(inputs, attrs):
     x, y = inputs
     if x.ndim < 2 or y.ndim < 2:

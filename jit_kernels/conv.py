@@ -204,9 +204,14 @@ def _as_5d_out(a, g):
 def _float_arrays(*arrays):
     """C-contiguous arrays of their common floating dtype."""
     dtype = getattr(arrays[0], "dtype", None)
-    if dtype in _FLOATS and all(type(a) is np.ndarray and a.dtype == dtype and a.flags.c_contiguous
-                                for a in arrays):
-        return arrays  # as they come: np.result_type costs a few us, which shows at batch 1
+    if dtype in _FLOATS:
+        # a loop, not all() over a generator: a few us, which show at batch 1 (and
+        # np.result_type costs as much)
+        for a in arrays:
+            if type(a) is not np.ndarray or a.dtype != dtype or not a.flags.c_contiguous:
+                break
+        else:
+            return arrays  # as they come
     dtype = np.result_type(*arrays)
     if not np.issubdtype(dtype, np.floating):
         dtype = np.float64
@@ -299,13 +304,14 @@ def _nine_value_products(images, offsets, w9, out, out_size, steps, accumulate):
     of every image n, its row ((n*OD + z)*OH + y)*OW + x of ``out`` gets (or,
     with ``accumulate``, adds) the sum over k < 9 of
     ``images[n, base + offsets[k]] * w9[k]``, base being
-    ``z*steps[0] + y*steps[1] + x*steps[2]``.
+    ``z*steps[0] + y*steps[1] + x*steps[2]`` (``offsets``: 9 int64 numbers).
 
     Nine values in one expression keep the partial sums in registers: passes of
     four values, each reading and writing the output row, took twice as long.
     """
     od, oh, ow = out_size
-    o0, o1, o2, o3, o4, o5, o6, o7, o8 = offsets
+    o0, o1, o2, o3, o4, o5, o6, o7, o8 = (offsets[0], offsets[1], offsets[2], offsets[3], offsets[4],
+                                          offsets[5], offsets[6], offsets[7], offsets[8])
     out_ch = out.shape[1]
     for n in range(images.shape[0]):
         image = images[n]
@@ -592,16 +598,25 @@ def _padded(x5, g, reach=None):
     """x5, or where the windows reach into the padding a zero-padded copy of it
     (cut to what the windows reach, or to ``reach`` (D, H, W) where given, which
     they do not pass)."""
+    reach = _padded_reach(g, reach)
     if reach is None:
-        reach = tuple((o - 1) * s + (k - 1) * d + 1
-                      for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
-    if not any(g.pad) and all(r <= size for r, size in zip(reach, g.size)):
         return x5
     padded = np.zeros(x5.shape[:1] + reach + x5.shape[-1:], x5.dtype)
     inside = [min(size, r - p) for size, r, p in zip(g.size, reach, g.pad)]
     target = tuple(slice(p, p + n) for p, n in zip(g.pad, inside))
     padded[(slice(None),) + target] = x5[(slice(None),) + tuple(slice(n) for n in inside)]
     return padded
+
+
+@functools.lru_cache(maxsize=1024)
+def _padded_reach(g, reach=None):
+    """The (D, H, W) of :func:`_padded`'s copy, or None where x5 itself serves."""
+    if reach is None:
+        reach = tuple((o - 1) * s + (k - 1) * d + 1
+                      for o, s, k, d in zip(g.out, g.stride, g.kernel, g.dilation))
+    if not any(g.pad) and all(r <= size for r, size in zip(reach, g.size)):
+        return None
+    return reach
 
 
 def _patches(x5, g):
@@ -713,52 +728,80 @@ def _uses_window_products(patch, out_ch, dtype):
 @functools.lru_cache(maxsize=256)
 def _window_passes(g, image_shape):
     """(offsets, steps) of :func:`_window_products` over padded images of shape
-    ``image_shape`` (D, H, W, C): the window values' offsets in an image, nine
-    per pass (the last pass's missing ones one image size on), and the offset
-    steps between output positions along D, H and W.  Cached: worked out in
-    Python it costs more than the loop over a small image."""
-    size = int(np.prod(image_shape))
+    ``image_shape`` (D, H, W, C): the window values' offsets in an image, an
+    int64 row of nine per pass (the last pass's missing ones one image size
+    on), and the offset steps between output positions along D, H and W.
+    Cached: worked out in Python it costs more than the loop over a small
+    image."""
+    size = math.prod(image_shape)
     step = (image_shape[1] * image_shape[2] * image_shape[3], image_shape[2] * image_shape[3],
             image_shape[3])
     values = [sum(t * d * e for t, d, e in zip(tap, g.dilation, step)) + ch
               for tap in np.ndindex(*g.kernel) for ch in range(image_shape[3])]
     values += [size] * (-len(values) % _PASS_VALUES)
-    offsets = tuple(tuple(values[i:i + _PASS_VALUES]) for i in range(0, len(values), _PASS_VALUES))
+    offsets = np.array(values, np.int64).reshape(-1, _PASS_VALUES)
+    offsets.flags.writeable = False
     return offsets, tuple(s * e for s, e in zip(g.stride, step))
+
+
+@njit_cached(**_JIT)
+def _window_images(x5, first, pad, reach, images, offsets, weights, out, out_size, steps):
+    """:func:`_window_products`'s chunk: images first, ... of x5 (N, D, H, W, C),
+    as many as ``images`` has rows, copied into the first half of their row
+    as padded images of ``reach`` (D, H, W), ``pad`` zeros before along each
+    axis (what lies beyond ``reach`` left out), then every pass of
+    :func:`_nine_value_products` into their rows of ``out``."""
+    _, size_d, size_h, size_w, channels = x5.shape
+    inside_d, inside_h = min(size_d, reach[0] - pad[0]), min(size_h, reach[1] - pad[1])
+    inside_w = min(size_w, reach[2] - pad[2])
+    for n in range(images.shape[0]):
+        image, source = images[n], x5[first + n]
+        for z in range(inside_d):
+            for y in range(inside_h):
+                start = (((z + pad[0]) * reach[1] + y + pad[1]) * reach[2] + pad[2]) * channels
+                line = source[z, y].reshape(-1)
+                for i in range(inside_w * channels):
+                    image[start + i] = line[i]
+    for k in range(offsets.shape[0]):
+        _nine_value_products(images, offsets[k], weights[k * 9:(k + 1) * 9], out, out_size, steps, k > 0)
+
+
+def _window_chunk(*args):
+    """:func:`_window_images` called from Python (a name of its own: tests count
+    the chunks through it)."""
+    _window_images(*args)
 
 
 def _window_products(x5, g, w2, y2, finish=None):
     """What :func:`_columns_times` computes, as a direct loop without columns:
     passes of :func:`_nine_value_products` over the window values nine at a time.
 
-    Each image is copied (padded where the windows reach into the padding) into
-    the first half of a row of zeros twice its size: the last pass reads the
-    values it lacks from an offset of one image size, always a zero, so that
-    an inf or NaN elsewhere never meets their zero weights.
+    Each image is copied (inside zeros where the windows reach into the padding)
+    into the first half of a row of zeros twice its size: the last pass reads
+    the values it lacks from an offset of one image size, always a zero, so
+    that an inf or NaN elsewhere never meets their zero weights.
     """
     batch, (patch, out_ch) = x5.shape[0], w2.shape
-    padded = _padded(x5, g)
-    size = math.prod(padded.shape[1:])  # np.prod: a few us, which shows at batch 1
-    offsets, steps = _window_passes(g, padded.shape[1:])
+    reach = _padded_reach(g) or g.size
+    image_shape = reach + x5.shape[-1:]
+    offsets, steps = _window_passes(g, image_shape)
     weights = w2
     if patch % _PASS_VALUES:
-        weights = np.zeros((len(offsets) * _PASS_VALUES, out_ch), w2.dtype)
+        weights = np.zeros((offsets.size, out_ch), w2.dtype)
         weights[:patch] = w2
     positions = _positions(g)
     chunk = max(1, _DIRECT_CHUNK_BYTES // (positions * out_ch * x5.itemsize))
 
     def run(lo, hi):
-        images = np.zeros((min(chunk, hi - lo), 2 * size), x5.dtype)
+        # the padding and the second halves stay zeros: only the insides are written
+        images = np.zeros((min(chunk, hi - lo), 2 * math.prod(image_shape)), x5.dtype)
         if finish is not None:
             block = np.empty((images.shape[0] * positions, out_ch), x5.dtype)
         for first in range(lo, hi, chunk):
             count = min(chunk, hi - first)
-            images[:count, :size] = padded[first:first + count].reshape(count, size)
             start, stop = first * positions, (first + count) * positions
             target = y2[start:stop] if finish is None else block[:stop - start]
-            for k, nine in enumerate(offsets):
-                nine_weights = weights[k * _PASS_VALUES:(k + 1) * _PASS_VALUES]
-                _nine_value_products(images[:count], nine, nine_weights, target, g.out, steps, k > 0)
+            _window_chunk(x5, first, g.pad, reach, images[:count], offsets, weights, target, g.out, steps)
             if finish is not None:
                 finish(target, start, stop)
 
@@ -970,7 +1013,7 @@ def _winograd_kernels(w, remember=True):
     1), each with a copy of its kernel that the next call compares in full, so
     that a kernel changed in place is never missed, and each until the array
     holding the kernel is freed (a training step's replaced weights)."""
-    key = (parts.address(w), w.shape, w.dtype.str)  # not w.ctypes.data: 3 us
+    key = (parts.address(w), w.shape, w.dtype)  # not w.ctypes.data: 3 us
     known = _kernel_transforms.get(key) if remember else None
     if known is not None and _same_values(known[0], w):
         return known[1]
@@ -1059,8 +1102,7 @@ def _finisher(g, out_ch, epilogue, y2, pool, pooled):
     """
     if pool is None:
         return lambda block, start, stop: epilogue(block, y2[start:stop])
-    from . import pool as pooling  # which imports this module
-    kernel = (pooling._max_pool if pool == 'max' else pooling._avg_pool).serial
+    kernel = _pool_kernel(pool)
     out_h, out_w = g.out[1], g.out[2]
     positions = out_h * out_w
 
@@ -1085,6 +1127,14 @@ def _finisher(g, out_ch, epilogue, y2, pool, pooled):
     return finish
 
 
+@functools.cache
+def _pool_kernel(mode):
+    """jit_kernels.pool's serial kernel of pooling ``mode`` (imported once: that
+    module imports this one)."""
+    from . import pool as pooling
+    return (pooling._max_pool if mode == 'max' else pooling._avg_pool).serial
+
+
 def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, pool=None):
     """Convolution (cross-correlation) of x (N, *spatial, C) with w (*k, C, OC).
 
@@ -1102,41 +1152,68 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     block while in cache, and returns (N, OH // 2, OW // 2, OC) instead.
     """
     x, w = _float_arrays(x, w)
-    _check_conv(x.shape, w.shape, 'conv_forward')
-    g = geometry(x.shape[1:-1], w.shape[:-2], strides, padding, dilation)
+    g, path = _forward_path(x.shape, w.shape, x.dtype, _hashable(strides), padding,
+                            _hashable(dilation), pool, (DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES,
+                                                        WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_BLOCKS))
     batch, channels, out_ch = x.shape[0], x.shape[-1], w.shape[-1]
     if pool is None:
         y = np.empty(_out_shape(g, batch, out_ch), x.dtype)
         y2, pooled = y.reshape(-1, out_ch), None
-    elif pool not in ('max', 'avg') or g.rank != 2:
-        raise ValueError(f"conv_forward: pool must be 'max' or 'avg' after a 2-D convolution, "
-                         f"got {pool!r} for an input of shape {x.shape}")
     else:
         y2, pooled = None, np.empty((batch, g.out[1] // 2, g.out[2] // 2, out_ch), x.dtype)
     finish = None
     if epilogue is not None or pool is not None:
         finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
     w2 = w.reshape(-1, out_ch)
-    # A 1x1 kernel is one product; small windows (DIRECT_MAX_PATCH) a direct
-    # loop, whose sums over nine window values at a time stay in registers (a
-    # loop adding one tap at a time into the output, 2.8 ms at mnist_cnn's first
-    # layer, batch 64, lost to im2col's 1.9 ms); 3x3 kernels with stride 1 over
-    # enough channels Winograd F(4x4, 3x3) (F(2x2, 3x3), 16 products for 4
-    # outputs, gained only 1.1-1.2x over im2col); the rest goes through im2col.
-    if _is_pointwise(g):
+    if path == 'pointwise':
         if finish is None:
             np.matmul(x.reshape(-1, channels), w2, out=y2)
         else:
             finish(np.matmul(x.reshape(-1, channels), w2), 0, batch * _positions(g))
-    elif _uses_window_products(w2.shape[0], out_ch, x.dtype):
+    elif path == 'direct':
         _window_products(_as_5d(x, g), g, w2, y2, finish)
-    elif _uses_winograd(g, batch, channels, out_ch, x.dtype):
+    elif path == 'winograd':
         pool_into = None if epilogue is not None or pool is None else (pool, pooled.reshape(-1, out_ch))
         _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
                            pool_into=pool_into)
     else:
         _columns_times(_as_5d(x, g), g, w2, y2, finish)
     return y if pool is None else pooled
+
+
+def _hashable(value):
+    """Strides or dilation as a key of :func:`_forward_path` (a list as a tuple)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+# Cached for the reason _geometry is: a batch-1 network asks for the same few
+# convolutions on every call, and working the choice out took longer than
+# mnist_cnn's first convolution itself.
+@functools.lru_cache(maxsize=1024)
+def _forward_path(x_shape, w_shape, dtype, strides, padding, dilation, pool, limits):
+    """(geometry, path) of :func:`conv_forward`: its arguments checked, and how it
+    runs.  A 1x1 kernel is one product ('pointwise'); small windows
+    (DIRECT_MAX_PATCH) a direct loop ('direct'), whose sums over nine window
+    values at a time stay in registers (a loop adding one tap at a time into
+    the output, 2.8 ms at mnist_cnn's first layer, batch 64, lost to im2col's
+    1.9 ms); 3x3 kernels with stride 1 over enough channels Winograd F(4x4,
+    3x3) ('winograd'; F(2x2, 3x3), 16 products for 4 outputs, gained only
+    1.1-1.2x over im2col); the rest im2col ('columns').  ``limits``, the
+    module's limits on those paths, are in the key so that a changed limit
+    takes effect."""
+    _check_conv(x_shape, w_shape, 'conv_forward')
+    g = geometry(x_shape[1:-1], w_shape[:-2], strides, padding, dilation)
+    if pool is not None and (pool not in ('max', 'avg') or g.rank != 2):
+        raise ValueError(f"conv_forward: pool must be 'max' or 'avg' after a 2-D convolution, "
+                         f"got {pool!r} for an input of shape {x_shape}")
+    batch, channels, out_ch = x_shape[0], x_shape[-1], w_shape[-1]
+    if _is_pointwise(g):
+        return g, 'pointwise'
+    if _uses_window_products(math.prod(w_shape[:-1]), out_ch, dtype):
+        return g, 'direct'
+    if _uses_winograd(g, batch, channels, out_ch, dtype):
+        return g, 'winograd'
+    return g, 'columns'
 
 
 def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):

@@ -806,20 +806,21 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
     impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
     pool_call = None if pool is None else library_call(pool)
     own = len(node.inputs)
+    scalars = [p == "S" for j, p in enumerate(patterns) if j != position]
+    columns = [k for k, p in enumerate(p for j, p in enumerate(patterns) if j != position) if p == "C"]
 
     def call(*arrays):
-        group_inputs = list(arrays[own:])
-        group_inputs.insert(position, None)
-        args = [None if j == position else
-                (np.asarray(a).reshape(-1)[0] if p == "S" else np.asarray(a).reshape(-1))
-                for j, (a, p) in enumerate(zip(group_inputs, patterns))]
+        # the group's other inputs as the kernel takes them, node's block inserted per block
+        before, after = [], []
+        for k, a in enumerate(arrays[own:]):
+            a = np.asarray(a).reshape(-1)
+            (before if k < position else after).append(a[0] if scalars[k] else a)
+        widths = {arrays[own + k].size for k in columns}
 
         def epilogue(block, out):  # may run on several threads at once
-            if any(p == "C" and a.shape[0] != block.shape[1] for a, p in zip(args, patterns)):
+            if widths and (len(widths) > 1 or block.shape[1] not in widths):
                 raise _EpilogueMismatch
-            block_args = list(args)
-            block_args[position] = block
-            module.run_serial_into(*block_args, out)
+            module.run_serial_into(*before, block, *after, out)
 
         try:
             if pool_first:
@@ -829,7 +830,8 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
                 return result
             return impl(*arrays[:own], epilogue=epilogue)
         except _EpilogueMismatch:
-            group_inputs[position] = unpooled(*arrays[:own])
+            group_inputs = list(arrays[own:])
+            group_inputs.insert(position, unpooled(*arrays[:own]))
             result = fallback(*group_inputs)[0]
             return result if pool_call is None else pool_call(result)
     return call

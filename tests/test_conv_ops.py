@@ -356,8 +356,8 @@ def test_conv_epilogue_after_the_direct_loop(monkeypatch):
     # one image, each through bias + relu
     from jit_kernels import conv
     passes = []
-    kernel = conv._nine_value_products
-    monkeypatch.setattr(conv, "_nine_value_products", lambda *a: passes.append(1) or kernel(*a))
+    chunk = conv._window_chunk
+    monkeypatch.setattr(conv, "_window_chunk", lambda *a: passes.append(1) or chunk(*a))
     monkeypatch.setattr(conv, "_DIRECT_CHUNK_BYTES", 1)
     x, w, b = rand(3, 8, 7, 1).astype("float32"), rand(3, 3, 1, 32).astype("float32"), rand(32)
     f, got = _epilogue_function(

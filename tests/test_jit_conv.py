@@ -194,17 +194,17 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch):
 @pytest.fixture
 def direct_passes(monkeypatch):
     """Every convolution with a window of up to 72 values runs the direct loop;
-    yields the list of its passes (``accumulate`` flags)."""
+    yields the list of its chunks' passes (nine window values each)."""
     passes = []
-    kernel = conv._nine_value_products
+    chunk = conv._window_chunk
 
-    def counted(images, offsets, w9, out, out_size, steps, accumulate):
-        passes.append(accumulate)
-        return kernel(images, offsets, w9, out, out_size, steps, accumulate)
+    def counted(*args):
+        passes.append(args[5].shape[0])  # the offsets, a row of nine a pass
+        return chunk(*args)
 
     monkeypatch.setattr(conv, 'DIRECT_MAX_PATCH', 72)
     monkeypatch.setattr(conv, 'DIRECT_MIN_ROW_BYTES', 0)
-    monkeypatch.setattr(conv, '_nine_value_products', counted)
+    monkeypatch.setattr(conv, '_window_chunk', counted)
     return passes
 
 
@@ -217,9 +217,25 @@ def test_conv_direct_loop(direct_passes, x_shape, w_shape, strides, padding, dil
     x, w = random(x_shape), random(w_shape)
     y = conv.conv_forward(x, w, strides, padding, dilation)
     patch = int(np.prod(w_shape[:-1]))
-    assert direct_passes == [False] + [True] * (-(-patch // 9) - 1)
+    assert direct_passes == [-(-patch // 9)]
     np.testing.assert_allclose(y, reference_conv(x, w, strides, padding, dilation),
                                rtol=1e-12, atol=1e-12)
+
+
+def test_conv_path_follows_a_changed_limit(monkeypatch):
+    """The path a convolution of given shapes takes is kept (it costs more than a
+    batch-1 layer to work out), but not past a change of the limits that chose
+    it: the same shapes after raising DIRECT_MAX_PATCH run the direct loop."""
+    x, w = random((2, 6, 5, 2)), random((3, 3, 2, 4))  # 18 values a window, 4 channels
+    chunks = []
+    chunk = conv._window_chunk
+    monkeypatch.setattr(conv, '_window_chunk', lambda *a: chunks.append(1) or chunk(*a))
+    conv.conv_forward(x, w)
+    assert chunks == []  # 4 float64 channels are 32 bytes a row: im2col
+    monkeypatch.setattr(conv, 'DIRECT_MIN_ROW_BYTES', 0)
+    y = conv.conv_forward(x, w)
+    assert chunks == [1]
+    np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-12, atol=1e-12)
 
 
 def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
@@ -229,7 +245,7 @@ def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
     x, w = random((2, 6, 7, 1)), np.abs(random((1, 5, 1, 3))) + 0.5  # 5 values a window
     x[0, 2, 2, 0] = np.inf  # in three windows, the first value of one
     y = conv.conv_forward(x, w, 1, 'valid')
-    assert direct_passes == [False]
+    assert direct_passes == [1]
     expected = reference_conv(x, w, 1, 'valid', 1)
     assert np.isinf(expected).sum() == 3 * 3 and not np.isnan(expected).any()  # 3 windows
     np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))
@@ -262,15 +278,15 @@ def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, thread
     epilogue into its own rows of the result."""
     blocks = _chunked_with_epilogue(monkeypatch, '_DIRECT_CHUNK_BYTES', threads,
                                     random((5, 7, 6, 2)), random((3, 3, 2, 4)))
-    assert blocks == [42] * 5 and direct_passes == [False, True] * 5
+    assert blocks == [42] * 5 and direct_passes == [2] * 5
 
 
 def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     """With the default limits mnist_cnn's first layer (9 values a window, 32
     float32 channels) runs the direct loop, its second (288 values) Winograd."""
     taken = []
-    kernel = conv._nine_value_products
-    monkeypatch.setattr(conv, '_nine_value_products', lambda *a: taken.append(1) or kernel(*a))
+    chunk = conv._window_chunk
+    monkeypatch.setattr(conv, '_window_chunk', lambda *a: taken.append(1) or chunk(*a))
     x, w = random((2, 10, 9, 1), np.float32), random((3, 3, 1, 32), np.float32)
     y = conv.conv_forward(x, w)
     assert taken == [1] and y.dtype == np.float32

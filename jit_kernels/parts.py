@@ -14,6 +14,7 @@ import ctypes
 import functools
 
 import numpy as np
+from llvmlite import ir
 from numba import carray, types
 from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
@@ -45,6 +46,21 @@ def array_at(address, shape, dtype):
 def address(a):
     """The address of an array's data (``a.ctypes.data`` takes 3 us in Python)."""
     return a.ctypes.data
+
+
+@intrinsic
+def _call_part(typingctx, address, descriptor):
+    """Call the compiled part at the int ``address`` with the data of the int64
+    array ``descriptor``: an indirect call, so that code calling parts chosen
+    at run time is cached like any other."""
+    signature = types.void(address, descriptor)
+
+    def codegen(context, builder, sig, args):
+        row = context.make_array(sig.args[1])(context, builder, args[1])
+        part_type = ir.FunctionType(ir.VoidType(), [ir.IntType(64).as_pointer()])
+        builder.call(builder.inttoptr(args[0], part_type.as_pointer()), [row.data])
+        return context.get_dummy_value()
+    return signature, codegen
 
 
 def compiled_part(function):
@@ -81,3 +97,61 @@ def run(part, descriptors):
         return
     for i in range(count):
         function(descriptors[i].ctypes.data)
+
+
+# An epilogue's descriptor (see CompiledEpilogue): the part's address, the
+# block's rows and columns, the block's and the output's addresses, then the
+# epilogue's own numbers.
+EPILOGUE_HEAD = 5
+
+
+class EpilogueMismatch(ValueError):
+    """An epilogue compiled for other columns than a block has."""
+
+
+class CompiledEpilogue:
+    """An ``epilogue(block, out)`` of the library kernels (see
+    jit_kernels.conv.conv_forward) as a compiled part, which compiled code
+    calls on its blocks without Python (:func:`run_epilogue`).
+
+    ``part`` is a :func:`compiled_part` reading the descriptor laid out by
+    :data:`EPILOGUE_HEAD`: rows, columns and the two C-contiguous (rows,
+    columns) arrays of ``dtype``, then ``numbers`` (the addresses of its other
+    inputs, which ``keep`` holds alive).  ``widths``: the column counts its
+    inputs take (the lengths of its row vectors), each block's columns among
+    them."""
+
+    def __init__(self, part, dtype, numbers, keep=(), widths=()):
+        self.template = np.zeros(EPILOGUE_HEAD + len(numbers), np.int64)
+        self.template[0] = part()[0]
+        self.template[EPILOGUE_HEAD:] = numbers
+        self.dtype = np.dtype(dtype)
+        self.keep = keep
+        self.widths = set(widths)
+
+    def check(self, columns, dtype):
+        """Raise :class:`EpilogueMismatch` unless blocks of ``columns`` values of
+        ``dtype`` fit."""
+        if dtype != self.dtype or self.widths and (len(self.widths) > 1 or columns not in self.widths):
+            raise EpilogueMismatch(f"an epilogue for rows of {sorted(self.widths)} {self.dtype} "
+                                   f"values called on rows of {columns} {np.dtype(dtype)}")
+
+    def __call__(self, block, out):
+        self.check(block.shape[1], block.dtype)
+        if not (block.flags.c_contiguous and out.flags.c_contiguous and block.shape == out.shape
+                and out.dtype == block.dtype and block.ndim == 2):
+            raise ValueError("CompiledEpilogue: the block and out must be C-contiguous 2-D arrays "
+                             f"of one shape and type, got {block.shape} {block.dtype} and "
+                             f"{out.shape} {out.dtype}")
+        run_epilogue(self.template, block, out)
+
+
+@njit_cached(nogil=True)
+def run_epilogue(template, block, out):
+    """The epilogue of ``template`` (a :class:`CompiledEpilogue`'s) from ``block``
+    into ``out``, C-contiguous (rows, columns) arrays of its type.  From
+    compiled code too: each call has its own descriptor."""
+    descriptor = template.copy()
+    descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
+    descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
+    _call_part(descriptor[0], descriptor)

@@ -176,6 +176,8 @@ def generate_source(spec, into=False):
     emit("import numpy as np")
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached")
+    if into:
+        emit("from jit_kernels import parts")
     if "vm." in text:
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
@@ -200,6 +202,7 @@ def generate_source(spec, into=False):
         params = [f"x{i}" for i in range(n_in)] + [f"o{o}" for o in range(len(spec.outputs))]
         emit(f"def run_serial_into({', '.join(params)}):")
         lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))
+        lines.extend(_epilogue_part(spec, params))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
@@ -213,6 +216,31 @@ def generate_source(spec, into=False):
         for line in body:
             emit("    " + line.replace("PRANGE", loop))
     return "\n".join(lines) + "\n"
+
+
+def _epilogue_part(spec, params):
+    """``EPILOGUE_PART``: ``run_serial_into`` as a jit_kernels.parts compiled part
+    reading a CompiledEpilogue's descriptor: the block (the one 'F' input of an
+    epilogue's kernel) and the output as its head says, each other input from
+    an address after it, a row vector of the block's columns or one scalar."""
+    from jit_kernels.parts import EPILOGUE_HEAD as head  # not at import: it loads BLAS
+    rows_columns = "(d[1], d[2])"
+    lines = ["", "", "def epilogue_part(d):"]
+    slot = head
+    for i, (pattern, _, dtype) in enumerate(spec.inputs):
+        if pattern == "F":
+            lines.append(f"    x{i} = parts.array_at(d[3], {rows_columns}, {scalar_type(dtype)})")
+        elif pattern == "C":
+            lines.append(f"    x{i} = parts.array_at(d[{slot}], (d[2],), {scalar_type(dtype)})")
+            slot += 1
+        else:
+            lines.append(f"    x{i} = parts.array_at(d[{slot}], (1,), {scalar_type(dtype)})[0]")
+            slot += 1
+    (j, _, _), = spec.outputs
+    lines.append(f"    o0 = parts.array_at(d[4], {rows_columns}, {scalar_type(spec.nodes[j][4])})")
+    lines.append(f"    run_serial_into({', '.join(params)})")
+    lines += ["", "", "EPILOGUE_PART = parts.compiled_part(epilogue_part)"]
+    return lines
 
 
 def _kernel_args(spec, buffers):

@@ -630,8 +630,8 @@ class Plan:
         others = [value_of(t) for j, t in enumerate(inputs) if j != position]
         call, name = new_name("L"), new_name("v")
         pool_first = pool is not None and pool.attrs["mode"] == "max" and rises_with(g, node)
-        ns[call] = _library_with_epilogue(node, module, patterns, position, _numpy_group(g, inputs),
-                                          pool, pool_first)
+        ns[call] = _library_with_epilogue(node, module, patterns, [t.dtype for t in inputs], position,
+                                          _numpy_group(g, inputs), pool, pool_first)
         lines.append(f"{name} = {call}({', '.join([value_of(i) for i in node.inputs] + others)})")
         result = out if pool is None else pool
         names[result.id] = name
@@ -772,10 +772,6 @@ def _group_inputs(g):
     return inputs
 
 
-class _EpilogueMismatch(Exception):
-    """Run-time shapes that the epilogue's kernel was not compiled for."""
-
-
 def rises_with(g, node):
     """Whether group ``g``'s output is non-decreasing in ``node``'s value, element
     by element, its other inputs held fixed: each member on a path from node to
@@ -794,34 +790,52 @@ def rises_with(g, node):
     return g.outputs[0].id in on_path
 
 
-def _library_with_epilogue(node, module, patterns, position, fallback, pool=None, pool_first=False):
+def _library_with_epilogue(node, module, patterns, dtypes, position, fallback, pool=None,
+                           pool_first=False):
     """A plan step's callable for library ``node`` running a group's kernel as its
     epilogue, and pooling the result where ``pool`` (a 'pool' node) is given:
     ``call(*node_inputs, *group_inputs_but_node)``.  With ``pool_first`` (max
     pooling, a group that :func:`rises_with` node), node's value is pooled and
-    the group runs on the pooled values.  Run-time shapes the kernel does not
-    take (a last axis of another length) run the node, then the group with
-    NumPy, then the pool."""
+    the group runs on the pooled values.  The kernel runs as a compiled part
+    (jit_kernels.parts.CompiledEpilogue), which compiled loops call on their
+    blocks.  Run-time shapes it does not take (a last axis of another length)
+    run the node, then the group with NumPy, then the pool."""
+    from jit_kernels import parts  # not at import: it loads BLAS
     unpooled = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
     impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
     pool_call = None if pool is None else library_call(pool)
     own = len(node.inputs)
-    scalars = [p == "S" for j, p in enumerate(patterns) if j != position]
-    columns = [k for k, p in enumerate(p for j, p in enumerate(patterns) if j != position) if p == "C"]
+    others = [(p == "C", np.dtype(t)) for j, (p, t) in enumerate(zip(patterns, dtypes)) if j != position]
+    dtype = np.dtype(node.dtype)
+
+    last = [(), None]  # the last call's group inputs and their epilogue, while it can serve again
+
+    def compiled_epilogue(inputs):
+        """The CompiledEpilogue of the group's other inputs: the last one where they
+        are the same arrays, read in place (a layer's weights, on each call)."""
+        known, epilogue = last
+        if epilogue is not None and len(known) == len(inputs):
+            for a, b in zip(known, inputs):
+                if a is not b:
+                    break
+            else:
+                return epilogue
+        keep, numbers, widths, in_place = [], [], [], True
+        for (row, kind), a in zip(others, inputs):
+            # C-contiguous and in the kernel's types: it reads them by address
+            in_place = in_place and type(a) is np.ndarray and a.dtype == kind and a.flags.c_contiguous
+            a = np.asarray(a, dtype=kind).reshape(-1)
+            keep.append(a)
+            numbers.append(parts.address(a))
+            if row:
+                widths.append(a.size)
+        epilogue = parts.CompiledEpilogue(module.EPILOGUE_PART, dtype, numbers, keep, widths)
+        # a copy would miss a change made in place to the array it came from
+        last[:] = (inputs, epilogue) if in_place else ((), None)
+        return epilogue
 
     def call(*arrays):
-        # the group's other inputs as the kernel takes them, node's block inserted per block
-        before, after = [], []
-        for k, a in enumerate(arrays[own:]):
-            a = np.asarray(a).reshape(-1)
-            (before if k < position else after).append(a[0] if scalars[k] else a)
-        widths = {arrays[own + k].size for k in columns}
-
-        def epilogue(block, out):  # may run on several threads at once
-            if widths and (len(widths) > 1 or block.shape[1] not in widths):
-                raise _EpilogueMismatch
-            module.run_serial_into(*before, block, *after, out)
-
+        epilogue = compiled_epilogue(arrays[own:])
         try:
             if pool_first:
                 pooled = impl(*arrays[:own])
@@ -829,7 +843,7 @@ def _library_with_epilogue(node, module, patterns, position, fallback, pool=None
                 epilogue(pooled.reshape(-1, pooled.shape[-1]), result.reshape(-1, pooled.shape[-1]))
                 return result
             return impl(*arrays[:own], epilogue=epilogue)
-        except _EpilogueMismatch:
+        except parts.EpilogueMismatch:  # checked before any block ran
             group_inputs = list(arrays[own:])
             group_inputs.insert(position, unpooled(*arrays[:own]))
             result = fallback(*group_inputs)[0]

@@ -27,3 +27,56 @@ def test_parts_run_every_row_once(monkeypatch, count, threads):
     descriptors = [[out.ctypes.data, i, count, 5] for i in range(count)]
     parts.run(_fill_row_part, np.array(descriptors, np.int64))
     np.testing.assert_array_equal(out, np.arange(count)[:, None] + np.full((count, 5), 0.5))
+
+
+def _scaled_plus_row(d):
+    """A compiled epilogue (see parts.CompiledEpilogue): out = block * s + v, the
+    float32 row vector v and the float32 scalar s at the descriptor's first two
+    numbers."""
+    rows, columns = d[1], d[2]
+    block = parts.array_at(d[3], (rows, columns), np.float32)
+    out = parts.array_at(d[4], (rows, columns), np.float32)
+    vector = parts.array_at(d[parts.EPILOGUE_HEAD], (columns,), np.float32)
+    scale = parts.array_at(d[parts.EPILOGUE_HEAD + 1], (1,), np.float32)[0]
+    for i in range(rows):
+        for j in range(columns):
+            out[i, j] = block[i, j] * scale + vector[j]
+
+
+_scaled_plus_row_part = parts.compiled_part(_scaled_plus_row)
+
+
+def _scaled_plus_row_epilogue(columns=4):
+    """The epilogue of :func:`_scaled_plus_row` with a scale of 2; and its vector."""
+    vector, scale = np.arange(columns, dtype=np.float32), np.array([2.0], np.float32)
+    epilogue = parts.CompiledEpilogue(_scaled_plus_row_part, np.float32,
+                                      [parts.address(vector), parts.address(scale)],
+                                      keep=(vector, scale), widths=[vector.size])
+    return epilogue, vector
+
+
+def test_compiled_epilogue_from_python_and_from_compiled_code():
+    """The epilogue's part gets each block's rows, columns and addresses and the
+    numbers it was made with, called from Python or from compiled code."""
+    epilogue, vector = _scaled_plus_row_epilogue()
+    block = np.arange(12, dtype=np.float32).reshape(3, 4)
+    out = np.zeros_like(block)
+    epilogue(block, out)
+    np.testing.assert_array_equal(out, block * 2 + vector)
+    out[:] = 0
+    parts.run_epilogue(epilogue.template, block[1:], out[1:])  # as compiled loops call it
+    np.testing.assert_array_equal(out, np.vstack([np.zeros(4), block[1:] * 2 + vector]))
+
+
+def test_compiled_epilogue_refuses_blocks_it_does_not_fit():
+    """Other columns than its row vectors', another type, or arrays it cannot
+    read by address raise before the part runs."""
+    epilogue, _ = _scaled_plus_row_epilogue()
+    out = np.zeros((2, 5), np.float32)
+    with pytest.raises(parts.EpilogueMismatch, match="rows of 5"):
+        epilogue(np.ones((2, 5), np.float32), out)
+    with pytest.raises(parts.EpilogueMismatch, match="float64"):
+        epilogue(np.ones((2, 4)), np.zeros((2, 4)))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        epilogue(np.ones((4, 8), np.float32)[:, ::2], np.zeros((4, 4), np.float32))
+    assert not out.any()

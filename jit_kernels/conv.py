@@ -727,14 +727,11 @@ def _uses_window_products(patch, out_ch, dtype):
             and dtype in (np.float32, np.float64))
 
 
-@functools.lru_cache(maxsize=256)
 def _window_passes(g, image_shape):
     """(offsets, steps) of :func:`_window_products` over padded images of shape
     ``image_shape`` (D, H, W, C): the window values' offsets in an image, an
     int64 row of nine per pass (the last pass's missing ones one image size
-    on), and the offset steps between output positions along D, H and W.
-    Cached: worked out in Python it costs more than the loop over a small
-    image."""
+    on), and the offset steps between output positions along D, H and W."""
     size = math.prod(image_shape)
     step = (image_shape[1] * image_shape[2] * image_shape[3], image_shape[2] * image_shape[3],
             image_shape[3])
@@ -747,16 +744,18 @@ def _window_passes(g, image_shape):
 
 
 @njit_cached(**_JIT)
-def _window_lines(x5, first_line, end_line, pad, reach, offsets, weights, out, out_size, steps,
-                  epilogue, final):
+def _window_lines(x5, first_line, end_line, sizes, offsets, weights, out, epilogue, final):
     """Output lines first_line..end_line-1 (see :func:`_nine_value_products`) of
     the direct convolution of x5 (N, D, H, W, C) into their rows of ``out``:
     the images they read copied into the first half of a row of zeros twice
-    their size, as padded images of ``reach`` (D, H, W) with ``pad`` zeros
-    before along each axis (what lies beyond ``reach`` left out), then every
-    pass.  Where the compiled epilogue's template ``epilogue`` is not empty,
-    then the epilogue from ``out`` into ``final``."""
+    their size, as padded images, then every pass.  ``sizes`` (see
+    :func:`_window_sizes`): the padding before and the padded image's extent
+    (D, H, W, what lies beyond it left out), the output's and the steps
+    between output positions.  Where the compiled epilogue's template
+    ``epilogue`` is not empty, then the epilogue from ``out`` into ``final``."""
     _, size_d, size_h, size_w, channels = x5.shape
+    pad, reach, out_size, steps = (sizes[0], sizes[1], sizes[2]), (sizes[3], sizes[4], sizes[5]), \
+        (sizes[6], sizes[7], sizes[8]), (sizes[9], sizes[10], sizes[11])
     per_image = out_size[0] * out_size[1]
     first_image, end_image = first_line // per_image, (end_line - 1) // per_image + 1
     # the padding and the second halves stay zeros: only the insides are written
@@ -803,15 +802,12 @@ def _window_products(x5, g, w2, y2, finish=None, epilogue=None):
     11 us each ran in 21 us together.)
     """
     batch, (patch, out_ch) = x5.shape[0], w2.shape
-    reach = _padded_reach(g) or g.size
-    offsets, steps = _window_passes(g, reach + x5.shape[-1:])
+    sizes, offsets, chunk = _window_sizes(g, x5.shape[-1], out_ch, x5.itemsize, _DIRECT_CHUNK_BYTES)
     weights = w2
     if patch % _PASS_VALUES:
         weights = np.zeros((offsets.size, out_ch), w2.dtype)
         weights[:patch] = w2
-    positions = _positions(g)
-    per_image = g.out[0] * g.out[1]
-    chunk = max(1, _DIRECT_CHUNK_BYTES // (positions * out_ch * x5.itemsize))
+    positions, per_image = _positions(g), g.out[0] * g.out[1]
     blocks = finish is not None or epilogue is not None
     if epilogue is None:
         epilogue = _NO_EPILOGUE
@@ -823,13 +819,26 @@ def _window_products(x5, g, w2, y2, finish=None, epilogue=None):
             count = min(chunk, hi - first)
             start, stop = first * positions, (first + count) * positions
             target = block[:stop - start] if blocks else y2[start:stop]
-            _window_chunk(x5, first * per_image, (first + count) * per_image, g.pad, reach, offsets,
-                          weights, target, g.out, steps, epilogue,
-                          y2[start:stop] if finish is None else target)
+            _window_chunk(x5, first * per_image, (first + count) * per_image, sizes, offsets, weights,
+                          target, epilogue, y2[start:stop] if finish is None else target)
             if finish is not None:
                 finish(target, start, stop)
 
     _in_image_parts(batch, chunk, run)
+
+
+@functools.lru_cache(maxsize=256)
+def _window_sizes(g, channels, out_ch, itemsize, chunk_bytes):
+    """(sizes, offsets, chunk) of :func:`_window_products`: the sizes of
+    :func:`_window_lines` as an int64 array, the offsets of
+    :func:`_window_passes` and the images per chunk of output blocks of
+    ``chunk_bytes``.  Cached: worked out in Python they cost more than the
+    loop over a small image."""
+    reach = _padded_reach(g) or g.size
+    offsets, steps = _window_passes(g, reach + (channels,))
+    sizes = np.array(g.pad + reach + g.out + steps, np.int64)
+    sizes.flags.writeable = False
+    return sizes, offsets, max(1, chunk_bytes // (_positions(g) * out_ch * itemsize))
 
 
 def _uses_winograd(g, batch, channels, out_ch, dtype):
@@ -904,6 +913,7 @@ def _winograd_chunk(*args):
     _winograd_bands(*args)
 
 
+@njit_cached(inline='always')
 def _winograd_scratch_size(blocks, channels, out_ch):
     """Items of :func:`_winograd_bands`'s scratch for ``blocks`` blocks."""
     return 36 * blocks * (channels + out_ch) + 36 * channels + 24 * out_ch
@@ -956,11 +966,15 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 
 @njit_cached(**_JIT)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, bands, per, scratch,
-                          pool_mode, pooled):
-    """The descriptors of :func:`_winograd_part_of`: one a part of ``per`` of the
-    ``bands``, each with its row of ``scratch``."""
-    count = scratch.shape[0]
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, pool_mode, pooled):
+    """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
+    in ``count`` parts or fewer, as even as whole bands allow, each with its
+    row of the scratch."""
+    bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
+    per = -(-bands // count)
+    count = -(-bands // per)
+    scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
+                       rows.dtype)
     d = np.empty((count, 19), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
@@ -968,7 +982,7 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, b
         d[i, 8], d[i, 9], d[i, 10], d[i, 11] = u.ctypes.data, u.shape[2], out.ctypes.data, out_h
         d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
         d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
-    return d
+    return d, scratch
 
 
 @njit_cached(**_JIT)
@@ -1012,17 +1026,12 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous
             and pooled.flags.c_contiguous):
         raise ValueError("_winograd_in_parts: the parts read and write whole C-contiguous arrays")
-    bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
-    if bands == 0:
-        return
-    count = max(1, min(blas.threads(), bands))
-    per = -(-bands // count)
-    count = -(-bands // per)
-    scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
-                       rows.dtype)
-    parts.run(_winograd_part_callback,
-              _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, bands, per,
-                                    scratch, _POOL_MODES[pool], pooled))
+    if rows.shape[0] < (4 * tiles_h + 2) * width:
+        return  # no bands
+    # the scratch the descriptors point into, held until the parts are done
+    descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
+                                                  max(1, blas.threads()), _POOL_MODES[pool], pooled)
+    parts.run(_winograd_part_callback, descriptors)
 
 
 # The last kernels' transforms (see _winograd_kernels), newest last
@@ -1187,20 +1196,21 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         y2, pooled = y.reshape(-1, out_ch), None
     else:
         y2, pooled = None, np.empty((batch, g.out[1] // 2, g.out[2] // 2, out_ch), x.dtype)
+    w2 = w.reshape(-1, out_ch)
+    if path == 'direct' and pool is None and isinstance(epilogue, parts.CompiledEpilogue):
+        # the loop runs the epilogue itself, on each block while in cache
+        _window_products(_as_5d(x, g), g, w2, y2, epilogue=epilogue.template)
+        return y
     finish = None
     if epilogue is not None or pool is not None:
         finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
-    w2 = w.reshape(-1, out_ch)
     if path == 'pointwise':
         if finish is None:
             np.matmul(x.reshape(-1, channels), w2, out=y2)
         else:
             finish(np.matmul(x.reshape(-1, channels), w2), 0, batch * _positions(g))
     elif path == 'direct':
-        if pool is None and isinstance(epilogue, parts.CompiledEpilogue):
-            _window_products(_as_5d(x, g), g, w2, y2, epilogue=epilogue.template)
-        else:
-            _window_products(_as_5d(x, g), g, w2, y2, finish)
+        _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif path == 'winograd':
         pool_into = None if epilogue is not None or pool is None else (pool, pooled.reshape(-1, out_ch))
         _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,

@@ -199,7 +199,7 @@ def direct_passes(monkeypatch):
     chunk = conv._window_chunk
 
     def counted(*args):
-        passes.append(args[5].shape[0])  # the offsets, a row of nine a pass
+        passes.append(args[4].shape[0])  # the offsets, a row of nine a pass
         return chunk(*args)
 
     monkeypatch.setattr(conv, 'DIRECT_MAX_PATCH', 72)

@@ -859,9 +859,11 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     per element of a 6x6 transform, over every block of the chunk at once)
     and the products' transforms back.  ``remember``: keep the kernel's
     transform for the next call (see :func:`_winograd_kernels`).
-    ``pool_into``: (mode, pooled rows) of a pooling without epilogue, which
-    the parts of :func:`_winograd_in_parts` run themselves; ``finish`` pools
-    otherwise."""
+    ``pool_into``: (mode, pooled rows) of a pooling without epilogue before
+    it, or (mode, pooled rows, epilogue template, final rows) with a compiled
+    epilogue after it, which the parts of :func:`_winograd_in_parts` run
+    themselves; ``finish`` pools otherwise.  Returns whether those parts
+    ran.""" 
     batch, channels, out_ch = x5.shape[0], x5.shape[-1], w.shape[-1]
     out_h, out_w = g.out[1], g.out[2]
     tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
@@ -876,13 +878,15 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
         # (inf - inf in the transforms): such inputs go through im2col.
         if not _all_finite(rows):
             _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
-            return
+            return False
         target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
-        pool, pooled = (None, None) if pool_into is None else pool_into
-        _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, pool, pooled)
-        if finish is not None and pool is None:
-            finish(target, 0, target.shape[0])
-        return
+        if pool_into is None:
+            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w)
+            if finish is not None:
+                finish(target, 0, target.shape[0])
+        else:
+            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *pool_into)
+        return True
 
     def run(lo, hi):
         most = min(chunk, hi - lo) * tiles_w
@@ -905,6 +909,7 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
         _in_image_parts(bands, chunk, run)
     except _NonFiniteInput:  # rewrites every output
         _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
+    return False
 
 
 def _winograd_chunk(*args):
@@ -966,7 +971,8 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 
 @njit_cached(**_JIT)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, pool_mode, pooled):
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, pool_mode, pooled,
+                          epilogue, final):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
     in ``count`` parts or fewer, as even as whole bands allow, each with its
     row of the scratch."""
@@ -975,13 +981,14 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
     count = -(-bands // per)
     scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
-    d = np.empty((count, 19), np.int64)
+    d = np.empty((count, 22), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
         d[i, 4], d[i, 5], d[i, 6], d[i, 7] = tiles_h, tiles_w, i * per, min(bands, (i + 1) * per)
         d[i, 8], d[i, 9], d[i, 10], d[i, 11] = u.ctypes.data, u.shape[2], out.ctypes.data, out_h
         d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
         d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
+        d[i, 19], d[i, 20], d[i, 21] = epilogue.ctypes.data, epilogue.size, final.ctypes.data
     return d, scratch
 
 
@@ -998,7 +1005,18 @@ def _winograd_part_of(d, dtype):
     scratch = parts.array_at(d[13], (d[14],), dtype)
     _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
     if d[16]:
-        _pool_bands(out, first, end, tiles_h, out_h, out_w, d[16], parts.array_at(d[17], (d[18], d[9]), dtype))
+        pooled = parts.array_at(d[17], (d[18], d[9]), dtype)
+        _pool_bands(out, first, end, tiles_h, out_h, out_w, d[16], pooled)
+        if d[20]:  # the epilogue, on the pooled rows of these bands
+            lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
+            parts.run_epilogue(parts.array_at(d[19], (d[20],), np.int64), pooled[lo:hi],
+                               parts.array_at(d[21], (d[18], d[9]), dtype)[lo:hi])
+
+
+@njit_cached(inline='always')
+def _pooled_row(band, tiles_h, out_h, out_w):
+    """The first row of :func:`_pool_bands`'s pooled rows that ``band`` writes."""
+    return ((band // tiles_h) * (out_h // 2) + min(2 * (band % tiles_h), out_h // 2)) * (out_w // 2)
 
 
 def _winograd_part(d):
@@ -1014,23 +1032,32 @@ _winograd_part_callback = parts.compiled_part(_winograd_part)
 _POOL_MODES = {None: 0, 'max': 1, 'avg': 2}
 
 
-def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None):
+def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None,
+                       epilogue=_NO_EPILOGUE, final=None):
     """:func:`_winograd_bands` over every band, the bands split between BLAS's
     threads with no Python between the steps (:mod:`parts`): mnist_cnn's second
     layer at batch 1 took 113-123 us so on 2 cores, against 206 us on one.
     With ``pool`` ('max' or 'avg'), each part also pools its bands' outputs
     over 2x2 windows with stride 2 into the rows (N*OH//2*OW//2, OC) of
-    ``pooled``, while they are in its core's cache."""
+    ``pooled``, while they are in its core's cache, and where the compiled
+    epilogue's template ``epilogue`` is not empty, the epilogue from its
+    pooled rows into theirs of ``final`` (the shape of ``pooled``)."""
     if pooled is None:
         pooled = out[:0]
+    if final is None:
+        final = pooled[:0]
     if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous
-            and pooled.flags.c_contiguous):
+            and pooled.flags.c_contiguous and final.flags.c_contiguous):
         raise ValueError("_winograd_in_parts: the parts read and write whole C-contiguous arrays")
+    if epilogue.size and (pool is None or final.shape != pooled.shape):
+        raise ValueError("_winograd_in_parts: an epilogue after pooling writes an array "
+                         f"of the pooled shape {pooled.shape}, got {final.shape}")
     if rows.shape[0] < (4 * tiles_h + 2) * width:
         return  # no bands
     # the scratch the descriptors point into, held until the parts are done
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
-                                                  max(1, blas.threads()), _POOL_MODES[pool], pooled)
+                                                  max(1, blas.threads()), _POOL_MODES[pool], pooled,
+                                                  epilogue, final)
     parts.run(_winograd_part_callback, descriptors)
 
 
@@ -1168,7 +1195,8 @@ def _pool_kernel(mode):
     return (pooling._max_pool if mode == 'max' else pooling._avg_pool).serial
 
 
-def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, pool=None):
+def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, pool=None,
+                 pool_first=False):
     """Convolution (cross-correlation) of x (N, *spatial, C) with w (*k, C, OC).
 
     ``strides`` and ``dilation`` are an int or one int per spatial axis;
@@ -1182,7 +1210,10 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
 
     ``pool`` ('max' or 'avg'; 2-D convolutions only) pools the result, after
     the epilogue, over 2x2 windows with stride 2 and 'valid' padding, block by
-    block while in cache, and returns (N, OH // 2, OW // 2, OC) instead.
+    block while in cache, and returns (N, OH // 2, OW // 2, OC) instead.  With
+    ``pool_first``, the epilogue runs on the pooled values instead, where the
+    caller knows the two commute (a max pooling, an epilogue non-decreasing in
+    the convolution's value): on a quarter of the values.
     """
     x, w = _float_arrays(x, w)
     g, path = _forward_path(x.shape, w.shape, x.dtype, _hashable(strides), padding,
@@ -1196,6 +1227,10 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         y2, pooled = y.reshape(-1, out_ch), None
     else:
         y2, pooled = None, np.empty((batch, g.out[1] // 2, g.out[2] // 2, out_ch), x.dtype)
+    after_pool = None
+    if pool_first and pool is not None and epilogue is not None:
+        epilogue, after_pool = None, epilogue
+        final = np.empty_like(pooled)
     w2 = w.reshape(-1, out_ch)
     if path == 'direct' and pool is None and isinstance(epilogue, parts.CompiledEpilogue):
         # the loop runs the epilogue itself, on each block while in cache
@@ -1212,11 +1247,20 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     elif path == 'direct':
         _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif path == 'winograd':
-        pool_into = None if epilogue is not None or pool is None else (pool, pooled.reshape(-1, out_ch))
-        _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
-                           pool_into=pool_into)
+        pool_into = None
+        compiled = isinstance(after_pool, parts.CompiledEpilogue)
+        if epilogue is None and pool is not None:
+            pool_into = (pool, pooled.reshape(-1, out_ch))
+            if compiled:
+                pool_into += (after_pool.template, final.reshape(-1, out_ch))
+        if _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
+                              pool_into=pool_into) and compiled:
+            return final  # its parts ran the epilogue too
     else:
         _columns_times(_as_5d(x, g), g, w2, y2, finish)
+    if after_pool is not None:
+        after_pool(pooled.reshape(-1, out_ch), final.reshape(-1, out_ch))
+        return final
     return y if pool is None else pooled
 
 

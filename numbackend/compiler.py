@@ -838,10 +838,7 @@ def _library_with_epilogue(node, module, patterns, dtypes, position, fallback, p
         epilogue = compiled_epilogue(arrays[own:])
         try:
             if pool_first:
-                pooled = impl(*arrays[:own])
-                result = np.empty_like(pooled)
-                epilogue(pooled.reshape(-1, pooled.shape[-1]), result.reshape(-1, pooled.shape[-1]))
-                return result
+                return impl(*arrays[:own], epilogue=epilogue, pool_first=True)
             return impl(*arrays[:own], epilogue=epilogue)
         except parts.EpilogueMismatch:  # checked before any block ran
             group_inputs = list(arrays[own:])

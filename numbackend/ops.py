@@ -55,7 +55,9 @@ class Op:
         self.epilogue = epilogue
         # impl also takes pool='max' | 'avg': it returns its result (after the
         # epilogue) pooled over 2x2 windows with stride 2, 'valid', computed block
-        # by block; the compiler passes a 'pool' node that alone reads that result
+        # by block; the compiler passes a 'pool' node that alone reads that result;
+        # and pool_first=True: the epilogue runs on the pooled values instead (the
+        # compiler knows the two commute)
         self.pools = pools
         # the operands in each of which the op's compiled and NumPy forms are
         # non-decreasing, rounding included (the others held fixed): max pooling
@@ -1340,9 +1342,9 @@ def _conv_infer(inputs, attrs):
         _conv_dtype(inputs)
 
 
-def _conv(x, w, strides, padding, dilation, epilogue=None, pool=None):
+def _conv(x, w, strides, padding, dilation, epilogue=None, pool=None, pool_first=False):
     from jit_kernels import conv
-    return conv.conv_forward(x, w, strides, padding, dilation, epilogue, pool)
+    return conv.conv_forward(x, w, strides, padding, dilation, epilogue, pool, pool_first)
 
 
 def _conv_grad(g, n):

@@ -10,7 +10,7 @@ compiles only once or twice.
 import numpy as np
 import pytest
 
-from jit_kernels import blas, conv
+from jit_kernels import blas, conv, parts
 from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
 random = random_arrays(1234)
@@ -516,6 +516,51 @@ def test_conv_pooled(monkeypatch, winograd_chunks, x_shape, w_shape, padding, mo
     np.testing.assert_allclose(plain, reference_pool_2x2(reference_conv(x, w, 1, padding, 1), mode),
                                rtol=1e-12, atol=1e-12)
     assert bool(winograd_chunks) == (w_shape[2] == 8)
+
+
+def _vector_minus_block(d):
+    """A compiled epilogue (parts.CompiledEpilogue) of float64 blocks: out = v - block,
+    v the row vector at the descriptor's first number."""
+    rows, columns = d[1], d[2]
+    block = parts.array_at(d[3], (rows, columns), np.float64)
+    out = parts.array_at(d[4], (rows, columns), np.float64)
+    vector = parts.array_at(d[parts.EPILOGUE_HEAD], (columns,), np.float64)
+    for i in range(rows):
+        for j in range(columns):
+            out[i, j] = vector[j] - block[i, j]
+
+
+_vector_minus_block_part = parts.compiled_part(_vector_minus_block)
+
+
+@pytest.mark.parametrize('compiled', [True, False])
+@pytest.mark.parametrize('chunked', [True, False])
+@pytest.mark.parametrize('x_shape, w_shape, padding', POOLED_CONV_CASES)
+def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, padding, chunked, compiled):
+    """With pool_first, the epilogue runs on the max-pooled values (a decreasing
+    one here, so that the other order gives other numbers): in Winograd's parts
+    where they pool a compiled epilogue's blocks, else after the pooling."""
+    if chunked:
+        for name in ('_COLUMN_CHUNK_BYTES', '_DIRECT_CHUNK_BYTES', '_WINOGRAD_CHUNK_BYTES'):
+            monkeypatch.setattr(conv, name, 1)
+        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)
+    x, w, vector = random(x_shape), random(w_shape), random(w_shape[-1])
+    from_python = []
+    if compiled:
+        epilogue = parts.CompiledEpilogue(_vector_minus_block_part, np.float64, [parts.address(vector)],
+                                          keep=(vector,), widths=[vector.size])
+        run = parts.CompiledEpilogue.__call__
+        monkeypatch.setattr(parts.CompiledEpilogue, '__call__',
+                            lambda self, block, out: from_python.append(block.shape) or run(self, block, out))
+    else:
+        def epilogue(block, out):
+            from_python.append(block.shape)
+            np.subtract(vector, block, out=out)
+    y = conv.conv_forward(x, w, 1, padding, epilogue=epilogue, pool='max', pool_first=True)
+    pooled = reference_pool_2x2(reference_conv(x, w, 1, padding, 1), 'max')
+    np.testing.assert_allclose(y, vector - pooled, rtol=1e-12, atol=1e-12)
+    in_parts = compiled and w_shape[2] == 8 and not chunked
+    assert from_python == ([] if in_parts else [(pooled.size // w_shape[-1], w_shape[-1])])
 
 
 @pytest.mark.parametrize('x_shape', [(2, 3, 8, 2), (2, 8, 3, 2), (2, 3, 3, 2)])

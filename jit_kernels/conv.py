@@ -874,18 +874,12 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     chunk = max(-(-_WINOGRAD_MIN_ROWS // tiles_w),
                 _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
     if bands < 2 * chunk:
-        # An inf or NaN would reach every output of the blocks that read it
-        # (inf - inf in the transforms): such inputs go through im2col.
-        if not _all_finite(rows):
+        target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
+        if not _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ())):
             _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
             return False
-        target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
-        if pool_into is None:
-            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w)
-            if finish is not None:
-                finish(target, 0, target.shape[0])
-        else:
-            _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *pool_into)
+        if finish is not None and pool_into is None:
+            finish(target, 0, target.shape[0])
         return True
 
     def run(lo, hi):
@@ -975,7 +969,9 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
                           epilogue, final):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
     in ``count`` parts or fewer, as even as whole bands allow, each with its
-    row of the scratch."""
+    row of the scratch; no descriptors where ``rows`` hold an inf or a NaN."""
+    if not _all_finite(rows):
+        return np.empty((0, 22), np.int64), np.empty((0, 0), rows.dtype)
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     per = -(-bands // count)
     count = -(-bands // per)
@@ -1041,7 +1037,11 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     over 2x2 windows with stride 2 into the rows (N*OH//2*OW//2, OC) of
     ``pooled``, while they are in its core's cache, and where the compiled
     epilogue's template ``epilogue`` is not empty, the epilogue from its
-    pooled rows into theirs of ``final`` (the shape of ``pooled``)."""
+    pooled rows into theirs of ``final`` (the shape of ``pooled``).
+
+    False, running nothing, where ``rows`` hold an inf or a NaN: it would reach
+    every output of the blocks that read it (inf - inf in the transforms), so
+    such inputs go through im2col."""
     if pooled is None:
         pooled = out[:0]
     if final is None:
@@ -1053,12 +1053,15 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
         raise ValueError("_winograd_in_parts: an epilogue after pooling writes an array "
                          f"of the pooled shape {pooled.shape}, got {final.shape}")
     if rows.shape[0] < (4 * tiles_h + 2) * width:
-        return  # no bands
+        return True  # no bands
     # the scratch the descriptors point into, held until the parts are done
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
                                                   max(1, blas.threads()), _POOL_MODES[pool], pooled,
                                                   epilogue, final)
+    if descriptors.shape[0] == 0:
+        return False
     parts.run(_winograd_part_callback, descriptors)
+    return True
 
 
 # The last kernels' transforms (see _winograd_kernels), newest last

@@ -460,16 +460,20 @@ def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winogra
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
 
 
-def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks):
+@pytest.mark.parametrize('chunked', [True, False])
+def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked):
     """An inf in the input makes inf only in the outputs whose windows hold it,
     and a NaN NaN only there: in Winograd's transforms they would reach every
-    output of their blocks, so such a chunk switches the convolution to im2col."""
+    output of their blocks, so such a chunk, or the parts' bands, switch the
+    convolution to im2col."""
     x, w = random((2, 9, 10, 8)), np.abs(random((3, 3, 8, 8))) + 0.5
     x[1, 4, 5, 3] = np.inf
     x[1, 8, 9, 0] = np.nan  # a corner: in 4 windows
-    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+    if chunked:
+        monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
     y = conv.conv_forward(x, w, 1, 'same')
-    assert winograd_chunks == [1] * 3  # image 0's 3 bands, then image 1's first stops it
+    # image 0's 3 bands, then image 1's first stops it; or all 6 bands at once
+    assert winograd_chunks == ([1] * 3 if chunked else [6])
     expected = reference_conv(x, w, 1, 'same', 1)
     assert np.isinf(expected).sum() == 9 * 8 and np.isnan(expected).sum() == 4 * 8
     np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))

@@ -862,8 +862,8 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     ``pool_into``: (mode, pooled rows) of a pooling without epilogue before
     it, or (mode, pooled rows, epilogue template, final rows) with a compiled
     epilogue after it, which the parts of :func:`_winograd_in_parts` run
-    themselves; ``finish`` pools otherwise.  Returns whether those parts
-    ran.""" 
+    themselves; else a finisher of its own (``finish`` is then None).
+    Returns whether those parts ran."""
     batch, channels, out_ch = x5.shape[0], x5.shape[-1], w.shape[-1]
     out_h, out_w = g.out[1], g.out[2]
     tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
@@ -873,14 +873,20 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     bands = batch * tiles_h
     chunk = max(-(-_WINOGRAD_MIN_ROWS // tiles_w),
                 _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
-    if bands < 2 * chunk:
-        target = y2 if finish is None else np.empty((batch * out_h * out_w, out_ch), x5.dtype)
-        if not _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ())):
-            _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
-            return False
-        if finish is not None and pool_into is None:
-            finish(target, 0, target.shape[0])
-        return True
+    small = bands < 2 * chunk
+    if small:
+        target = y2 if finish is None and y2 is not None else np.empty((batch * out_h * out_w, out_ch),
+                                                                       x5.dtype)
+        if _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ())):
+            if finish is not None:
+                finish(target, 0, target.shape[0])
+            return True
+    if pool_into is not None:  # pooled block by block from here on
+        pooled = pool_into[1].reshape(batch, out_h // 2, out_w // 2, out_ch)
+        finish = _finisher(g, out_ch, None, None, pool_into[0], pooled)
+    if small:  # an inf or a NaN in the inputs
+        _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
+        return False
 
     def run(lo, hi):
         most = min(chunk, hi - lo) * tiles_w
@@ -1239,8 +1245,14 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         # the loop runs the epilogue itself, on each block while in cache
         _window_products(_as_5d(x, g), g, w2, y2, epilogue=epilogue.template)
         return y
-    finish = None
-    if epilogue is not None or pool is not None:
+    finish = pool_into = None
+    compiled = isinstance(after_pool, parts.CompiledEpilogue)
+    if path == 'winograd' and epilogue is None and pool is not None:
+        # pooled by Winograd's parts, or by a finisher of its own in chunks
+        pool_into = (pool, pooled.reshape(-1, out_ch))
+        if compiled:
+            pool_into += (after_pool.template, final.reshape(-1, out_ch))
+    elif epilogue is not None or pool is not None:
         finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
     if path == 'pointwise':
         if finish is None:
@@ -1250,12 +1262,6 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     elif path == 'direct':
         _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif path == 'winograd':
-        pool_into = None
-        compiled = isinstance(after_pool, parts.CompiledEpilogue)
-        if epilogue is None and pool is not None:
-            pool_into = (pool, pooled.reshape(-1, out_ch))
-            if compiled:
-                pool_into += (after_pool.template, final.reshape(-1, out_ch))
         if _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
                               pool_into=pool_into) and compiled:
             return final  # its parts ran the epilogue too

@@ -460,22 +460,26 @@ def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winogra
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize('pool', [None, 'max'])
 @pytest.mark.parametrize('chunked', [True, False])
-def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked):
+def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked, pool):
     """An inf in the input makes inf only in the outputs whose windows hold it,
     and a NaN NaN only there: in Winograd's transforms they would reach every
     output of their blocks, so such a chunk, or the parts' bands, switch the
-    convolution to im2col."""
+    convolution to im2col, pooled after it where asked."""
     x, w = random((2, 9, 10, 8)), np.abs(random((3, 3, 8, 8))) + 0.5
     x[1, 4, 5, 3] = np.inf
     x[1, 8, 9, 0] = np.nan  # a corner: in 4 windows
     if chunked:
         monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
-    y = conv.conv_forward(x, w, 1, 'same')
+    y = conv.conv_forward(x, w, 1, 'same', pool=pool)
     # image 0's 3 bands, then image 1's first stops it; or all 6 bands at once
     assert winograd_chunks == ([1] * 3 if chunked else [6])
     expected = reference_conv(x, w, 1, 'same', 1)
     assert np.isinf(expected).sum() == 9 * 8 and np.isnan(expected).sum() == 4 * 8
+    if pool is not None:
+        expected = reference_pool_2x2(expected, pool)
+        assert np.isinf(expected).any() and np.isnan(expected).any()
     np.testing.assert_array_equal(np.isinf(y), np.isinf(expected))
     np.testing.assert_array_equal(np.isnan(y), np.isnan(expected))
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)

@@ -859,11 +859,14 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     per element of a 6x6 transform, over every block of the chunk at once)
     and the products' transforms back.  ``remember``: keep the kernel's
     transform for the next call (see :func:`_winograd_kernels`).
-    ``pool_into``: (mode, pooled rows) of a pooling without epilogue before
-    it, or (mode, pooled rows, epilogue template, final rows) with a compiled
-    epilogue after it, which the parts of :func:`_winograd_in_parts` run
-    themselves; else a finisher of its own (``finish`` is then None).
-    Returns whether those parts ran."""
+    ``pool_into``: the pooling and compiled epilogue that the parts of
+    :func:`_winograd_in_parts` run themselves (its arguments from ``pool``
+    on): (mode, pooled rows) of a pooling without epilogue, (mode, pooled
+    rows, epilogue template, final rows) with an epilogue after the pooling,
+    or (mode or None, pooled rows, epilogue template, final rows, True) with
+    an epilogue before it.  Where those parts do not run, ``finish`` does
+    (given with an epilogue before the pooling), or a pooling finisher of its
+    own.  Returns whether those parts ran."""
     batch, channels, out_ch = x5.shape[0], x5.shape[-1], w.shape[-1]
     out_h, out_w = g.out[1], g.out[2]
     tiles_h, tiles_w = -(-out_h // 4), -(-out_w // 4)
@@ -878,10 +881,10 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
         target = y2 if finish is None and y2 is not None else np.empty((batch * out_h * out_w, out_ch),
                                                                        x5.dtype)
         if _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ())):
-            if finish is not None:
+            if finish is not None and pool_into is None:
                 finish(target, 0, target.shape[0])
             return True
-    if pool_into is not None:  # pooled block by block from here on
+    if pool_into is not None and finish is None:  # pooled block by block from here on
         pooled = pool_into[1].reshape(batch, out_h // 2, out_w // 2, out_ch)
         finish = _finisher(g, out_ch, None, None, pool_into[0], pooled)
     if small:  # an inf or a NaN in the inputs
@@ -972,18 +975,18 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 @njit_cached(**_JIT)
 def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, pool_mode, pooled,
-                          epilogue, final):
+                          epilogue, final, epilogue_first):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
     in ``count`` parts or fewer, as even as whole bands allow, each with its
     row of the scratch; no descriptors where ``rows`` hold an inf or a NaN."""
     if not _all_finite(rows):
-        return np.empty((0, 22), np.int64), np.empty((0, 0), rows.dtype)
+        return np.empty((0, 23), np.int64), np.empty((0, 0), rows.dtype)
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     per = -(-bands // count)
     count = -(-bands // per)
     scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
-    d = np.empty((count, 22), np.int64)
+    d = np.empty((count, 23), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
         d[i, 4], d[i, 5], d[i, 6], d[i, 7] = tiles_h, tiles_w, i * per, min(bands, (i + 1) * per)
@@ -991,6 +994,7 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
         d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
         d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
         d[i, 19], d[i, 20], d[i, 21] = epilogue.ctypes.data, epilogue.size, final.ctypes.data
+        d[i, 22] = epilogue_first
     return d, scratch
 
 
@@ -1006,10 +1010,14 @@ def _winograd_part_of(d, dtype):
     out = parts.array_at(d[10], (end_row, d[9]), dtype)[first_row:]
     scratch = parts.array_at(d[13], (d[14],), dtype)
     _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
+    if d[20] and d[22]:  # the epilogue, on these bands' outputs
+        done = parts.array_at(d[21], (end_row, d[9]), dtype)[first_row:]
+        parts.run_epilogue(parts.array_at(d[19], (d[20],), np.int64), out, done)
+        out = done
     if d[16]:
         pooled = parts.array_at(d[17], (d[18], d[9]), dtype)
         _pool_bands(out, first, end, tiles_h, out_h, out_w, d[16], pooled)
-        if d[20]:  # the epilogue, on the pooled rows of these bands
+        if d[20] and not d[22]:  # the epilogue, on the pooled rows of these bands
             lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
             parts.run_epilogue(parts.array_at(d[19], (d[20],), np.int64), pooled[lo:hi],
                                parts.array_at(d[21], (d[18], d[9]), dtype)[lo:hi])
@@ -1035,7 +1043,7 @@ _POOL_MODES = {None: 0, 'max': 1, 'avg': 2}
 
 
 def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None,
-                       epilogue=_NO_EPILOGUE, final=None):
+                       epilogue=_NO_EPILOGUE, final=None, epilogue_first=False):
     """:func:`_winograd_bands` over every band, the bands split between BLAS's
     threads with no Python between the steps (:mod:`parts`): mnist_cnn's second
     layer at batch 1 took 113-123 us so on 2 cores, against 206 us on one.
@@ -1043,7 +1051,10 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     over 2x2 windows with stride 2 into the rows (N*OH//2*OW//2, OC) of
     ``pooled``, while they are in its core's cache, and where the compiled
     epilogue's template ``epilogue`` is not empty, the epilogue from its
-    pooled rows into theirs of ``final`` (the shape of ``pooled``).
+    pooled rows into theirs of ``final`` (the shape of ``pooled``).  With
+    ``epilogue_first``, the epilogue runs on its bands' outputs instead, into
+    their rows of ``final`` (the shape of ``out``), and the pooling, if any,
+    reads them there.
 
     False, running nothing, where ``rows`` hold an inf or a NaN: it would reach
     every output of the blocks that read it (inf - inf in the transforms), so
@@ -1055,7 +1066,10 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous
             and pooled.flags.c_contiguous and final.flags.c_contiguous):
         raise ValueError("_winograd_in_parts: the parts read and write whole C-contiguous arrays")
-    if epilogue.size and (pool is None or final.shape != pooled.shape):
+    if epilogue.size and epilogue_first and final.shape != out.shape:
+        raise ValueError("_winograd_in_parts: an epilogue before pooling writes an array "
+                         f"of the outputs' shape {out.shape}, got {final.shape}")
+    if epilogue.size and not epilogue_first and (pool is None or final.shape != pooled.shape):
         raise ValueError("_winograd_in_parts: an epilogue after pooling writes an array "
                          f"of the pooled shape {pooled.shape}, got {final.shape}")
     if rows.shape[0] < (4 * tiles_h + 2) * width:
@@ -1063,7 +1077,7 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     # the scratch the descriptors point into, held until the parts are done
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
                                                   max(1, blas.threads()), _POOL_MODES[pool], pooled,
-                                                  epilogue, final)
+                                                  epilogue, final, epilogue_first)
     if descriptors.shape[0] == 0:
         return False
     parts.run(_winograd_part_callback, descriptors)
@@ -1254,6 +1268,12 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
             pool_into += (after_pool.template, final.reshape(-1, out_ch))
     elif epilogue is not None or pool is not None:
         finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
+        if path == 'winograd' and isinstance(epilogue, parts.CompiledEpilogue):
+            # Winograd's parts run the epilogue on their bands' outputs (and pool
+            # them) where they run; ``finish`` where they do not
+            done = y2 if pool is None else np.empty((batch * _positions(g), out_ch), x.dtype)
+            pool_into = (pool, done[:0] if pool is None else pooled.reshape(-1, out_ch), epilogue.template,
+                         done, True)
     if path == 'pointwise':
         if finish is None:
             np.matmul(x.reshape(-1, channels), w2, out=y2)

@@ -571,6 +571,30 @@ def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, paddi
     assert from_python == ([] if in_parts else [(pooled.size // w_shape[-1], w_shape[-1])])
 
 
+@pytest.mark.parametrize('pool', [None, 'max', 'avg'])
+@pytest.mark.parametrize('chunked', [True, False])
+def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winograd_chunks, chunked, pool):
+    """A compiled epilogue (a decreasing one: pooling it first would give other
+    numbers) runs in Winograd's parts on their bands' outputs, before their
+    pooling; in chunks, from Python."""
+    if chunked:
+        monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)
+    x, w, vector = random((3, 9, 10, 8)), random((3, 3, 8, 8)), random(8)
+    epilogue = parts.CompiledEpilogue(_vector_minus_block_part, np.float64, [parts.address(vector)],
+                                      keep=(vector,), widths=[vector.size])
+    from_python = []
+    run = parts.CompiledEpilogue.__call__
+    monkeypatch.setattr(parts.CompiledEpilogue, '__call__',
+                        lambda self, block, out: from_python.append(1) or run(self, block, out))
+    y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue, pool=pool)
+    expected = vector - reference_conv(x, w, 1, 'same', 1)
+    if pool is not None:
+        expected = reference_pool_2x2(expected, pool)
+    np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
+    assert winograd_chunks and bool(from_python) == chunked
+
+
 @pytest.mark.parametrize('x_shape', [(2, 3, 8, 2), (2, 8, 3, 2), (2, 3, 3, 2)])
 def test_conv_pooled_to_nothing(x_shape):
     """A convolution with one output row or column pools to none (2x2, 'valid')."""

@@ -777,7 +777,7 @@ def _window_lines(x5, first_line, end_line, sizes, offsets, weights, out, epilog
         parts.run_epilogue(epilogue, out, final)
 
 
-_NO_EPILOGUE = np.zeros(0, np.int64)  # for _window_lines
+_NO_EPILOGUE = np.zeros(0, np.int64)  # an empty template: no compiled epilogue
 
 
 def _window_chunk(*args):
@@ -1250,7 +1250,7 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         y2, pooled = y.reshape(-1, out_ch), None
     else:
         y2, pooled = None, np.empty((batch, g.out[1] // 2, g.out[2] // 2, out_ch), x.dtype)
-    after_pool = None
+    after_pool = final = None
     if pool_first and pool is not None and epilogue is not None:
         epilogue, after_pool = None, epilogue
         final = np.empty_like(pooled)
@@ -1259,21 +1259,10 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         # the loop runs the epilogue itself, on each block while in cache
         _window_products(_as_5d(x, g), g, w2, y2, epilogue=epilogue.template)
         return y
-    finish = pool_into = None
-    compiled = isinstance(after_pool, parts.CompiledEpilogue)
-    if path == 'winograd' and epilogue is None and pool is not None:
-        # pooled by Winograd's parts, or by a finisher of its own in chunks
-        pool_into = (pool, pooled.reshape(-1, out_ch))
-        if compiled:
-            pool_into += (after_pool.template, final.reshape(-1, out_ch))
-    elif epilogue is not None or pool is not None:
+    finish = None
+    # (Winograd pools by itself where no epilogue comes first: in its parts or in chunks)
+    if epilogue is not None or (pool is not None and path != 'winograd'):
         finish = _finisher(g, out_ch, epilogue, y2, pool, pooled)
-        if path == 'winograd' and isinstance(epilogue, parts.CompiledEpilogue):
-            # Winograd's parts run the epilogue on their bands' outputs (and pool
-            # them) where they run; ``finish`` where they do not
-            done = y2 if pool is None else np.empty((batch * _positions(g), out_ch), x.dtype)
-            pool_into = (pool, done[:0] if pool is None else pooled.reshape(-1, out_ch), epilogue.template,
-                         done, True)
     if path == 'pointwise':
         if finish is None:
             np.matmul(x.reshape(-1, channels), w2, out=y2)
@@ -1282,8 +1271,9 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     elif path == 'direct':
         _window_products(_as_5d(x, g), g, w2, y2, finish)
     elif path == 'winograd':
+        pool_into = _winograd_parts_work(batch * _positions(g), pool, pooled, y2, epilogue, after_pool, final)
         if _winograd_products(_as_5d(x, g), g, w.reshape(3, 3, channels, out_ch), y2, finish,
-                              pool_into=pool_into) and compiled:
+                              pool_into=pool_into) and isinstance(after_pool, parts.CompiledEpilogue):
             return final  # its parts ran the epilogue too
     else:
         _columns_times(_as_5d(x, g), g, w2, y2, finish)
@@ -1291,6 +1281,26 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
         after_pool(pooled.reshape(-1, out_ch), final.reshape(-1, out_ch))
         return final
     return y if pool is None else pooled
+
+
+def _winograd_parts_work(outputs, pool, pooled, y2, epilogue, after_pool, final):
+    """The ``pool_into`` of :func:`_winograd_products` for :func:`conv_forward`:
+    what Winograd's parts do besides their products, which fill ``outputs``
+    rows (of pooled's type, y2 being None) or y2: a compiled epilogue on their
+    outputs (into y2, or into a scratch they pool from), a pooling, a compiled
+    epilogue on the pooled values (``after_pool``, into ``final``); None
+    where they do none of it."""
+    if isinstance(epilogue, parts.CompiledEpilogue):
+        if pool is None:
+            return (None, y2[:0], epilogue.template, y2, True)
+        done = np.empty((outputs, pooled.shape[-1]), pooled.dtype)
+        return (pool, pooled.reshape(-1, pooled.shape[-1]), epilogue.template, done, True)
+    if epilogue is not None or pool is None:
+        return None
+    into = (pool, pooled.reshape(-1, pooled.shape[-1]))
+    if isinstance(after_pool, parts.CompiledEpilogue):
+        into += (after_pool.template, final.reshape(-1, final.shape[-1]))
+    return into
 
 
 def _hashable(value):

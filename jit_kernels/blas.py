@@ -86,6 +86,9 @@ def _bind_thread_count(lib):
         run.restype, run.argtypes = ctypes.c_int, [ctypes.c_int, ctypes.c_void_p,
                                                    ctypes.c_void_p, ctypes.c_int]
         _run_on_pool = run
+        # for jit_kernels.parts.run_compiled, linked by name like the products
+        for name, function in (("run_on_pool", run), ("threads", _thread_count[0])):
+            llvm.add_symbol(f"numbackend_{name}", ctypes.cast(function, ctypes.c_void_p).value)
 
 
 def _run_job(argument):

@@ -1303,6 +1303,81 @@ def _winograd_parts_work(outputs, pool, pooled, y2, epilogue, after_pool, final)
     return into
 
 
+# Compiled forms of two of conv_forward's paths, for numbackend's plans compiled
+# as one call (numbackend/compiled_plan.py): a 2-D convolution with stride 1
+# where the path is the same whatever the batch.  At batch 1 the Python around
+# conv_forward's compiled loops took as long as mnist_cnn's first layer itself.
+
+def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
+    """'direct' or 'winograd' where :func:`direct_forward` or
+    :func:`winograd_forward` computes conv_forward's result for inputs of shape
+    x_shape (N, H, W, C) with any N, else None; for 'direct', also the
+    ``sizes`` and ``offsets`` it takes.  Winograd only over whole 4x4 blocks
+    without padding, where its rows are the input's own."""
+    if len(x_shape) != 4 or None in x_shape[1:] or dtype not in (np.float32, np.float64):
+        return None, None, None
+    g, path = _forward_path((1,) + tuple(x_shape[1:]), tuple(w_shape), np.dtype(dtype),
+                            _hashable(strides), padding, _hashable(dilation), None,
+                            (DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES, WINOGRAD_MIN_CHANNELS,
+                             WINOGRAD_MIN_BLOCKS))
+    if path == 'direct':  # the same for any batch
+        sizes, offsets, _ = _window_sizes(g, x_shape[-1], w_shape[-1], np.dtype(dtype).itemsize,
+                                          _DIRECT_CHUNK_BYTES)
+        return path, sizes, offsets
+    # (more images only add blocks: Winograd at batch 1 is Winograd at any batch)
+    if path == 'winograd' and g.pad == (0, 0, 0) and g.out[1] % 4 == 0 and g.out[2] % 4 == 0:
+        return path, None, None
+    return None, None, None
+
+
+@njit_cached(**_JIT)
+def direct_forward(x, w, sizes, offsets):
+    """conv_forward's direct loop over x (N, H, W, C) with w (KH, KW, C, OC),
+    for the ``sizes`` and ``offsets`` of :func:`compiled_path`: (N, OH, OW, OC)."""
+    batch, out_ch = x.shape[0], w.shape[3]
+    patch = w.shape[0] * w.shape[1] * w.shape[2]
+    weights = np.zeros((offsets.size, out_ch), x.dtype)
+    weights[:patch] = w.reshape(patch, out_ch)
+    y = np.empty((batch, sizes[7], sizes[8], out_ch), x.dtype)
+    y2 = y.reshape(-1, out_ch)
+    _window_lines(x.reshape(batch, 1, x.shape[1], x.shape[2], x.shape[3]), 0, batch * sizes[7], sizes,
+                  offsets, weights, y2, np.zeros(0, np.int64), y2)
+    return y
+
+
+@njit_cached(**_JIT)
+def winograd_forward(x, w, kept, u, part_address, pool_mode):
+    """conv_forward's Winograd parts over x (N, H, W, C) with w (3, 3, C, OC),
+    from compiled code (a :func:`compiled_path` of 'winograd'; see
+    :func:`_winograd_in_parts`): (N, H - 2, W - 2, OC), or with ``pool_mode``
+    (see :func:`_pool_bands`) that pooled over 2x2 windows with stride 2.
+    ``kept`` and ``u``, of w's shape and (36, C, OC), hold the kernel that
+    ``u`` is the transform of: where w holds other values, u and kept are
+    made again.  ``part_address``: that of ``_winograd_part_callback``.
+    Raises ValueError where x holds an inf or a NaN (see
+    :func:`_winograd_in_parts`): the caller then takes conv_forward."""
+    batch, height, width, channels = x.shape
+    out_ch, out_h, out_w = w.shape[3], height - 2, width - 2
+    if out_h % 4 or out_w % 4 or out_h < 4 or out_w < 4:
+        raise ValueError("winograd_forward: the outputs are not whole 4x4 blocks")
+    if not _same_values(kept, w):
+        _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype),
+                                   u.reshape(36, -1))
+        kept[:] = w
+    out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
+    pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
+    descriptors, scratch = _winograd_descriptors(
+        x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
+        max(1, parts.threads_from_compiled()), pool_mode, pooled, np.zeros(0, np.int64), pooled[:0],
+        False)
+    if descriptors.shape[0] == 0:
+        raise ValueError("winograd_forward: an inf or a NaN in the inputs")
+    parts.run_compiled(part_address, descriptors, (out, pooled, scratch))
+    if pool_mode:
+        return pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
+    return out.reshape(batch, out_h, out_w, out_ch)
+
+
 def _hashable(value):
     """Strides or dilation as a key of :func:`_forward_path` (a list as a tuple)."""
     return tuple(value) if isinstance(value, list) else value

@@ -340,3 +340,15 @@ def matmul_packed_in_parts(a, packed, out):
         matmul_packed(a, packed, out)  # nothing to split; checks the shapes
         return
     parts.run(_product_part_callback, _parts_of_product(a, packed, out, count))
+
+
+@njit_cached(**_JIT)
+def matmul_packed_from_compiled(a, packed, out, part_address):
+    """:func:`matmul_packed_in_parts` from compiled code (parts.run_compiled),
+    ``part_address`` being that of ``_product_part_callback``; on the calling
+    thread alone where a or out is not C-contiguous."""
+    if out.size == 0 or a.shape[1] == 0 or not (a.flags.c_contiguous and out.flags.c_contiguous):
+        matmul_packed(a, packed, out)  # checks the shapes
+        return
+    descriptors = _parts_of_product(a, packed, out, max(1, parts.threads_from_compiled()))
+    parts.run_compiled(part_address, descriptors, (a, packed, out))

@@ -99,6 +99,48 @@ def run(part, descriptors):
         function(descriptors[i].ctypes.data)
 
 
+_run_on_pool = types.ExternalFunction("numbackend_run_on_pool",
+                                      types.intc(types.intc, types.voidptr, types.voidptr, types.intc))
+_pool_threads = types.ExternalFunction("numbackend_threads", types.intc())
+
+
+@intrinsic
+def _void_pointer(typingctx, address):
+    """The int ``address`` as a void pointer."""
+    def codegen(context, builder, sig, args):
+        return builder.inttoptr(args[0], context.get_value_type(types.voidptr))
+    return types.voidptr(address), codegen
+
+
+@njit_cached(nogil=True)
+def threads_from_compiled():
+    """:func:`blas.threads` for compiled code, where :func:`pool_from_compiled`."""
+    return _pool_threads()
+
+
+@njit_cached(nogil=True)
+def run_compiled(part_address, descriptors, arrays):
+    """:func:`run` from compiled code: the part at ``part_address`` (a
+    :func:`compiled_part`'s) for each row of the C-contiguous int64 matrix
+    ``descriptors``.  ``arrays``: a tuple of the arrays the rows point into,
+    an argument so that the caller holds them until the parts are done (Numba
+    frees a variable after its last use).  Only where
+    :func:`pool_from_compiled` is true, and with ``blas._parts_lock`` held by
+    the Python code that made the call."""
+    count = descriptors.shape[0]
+    if 1 < count <= _pool_threads():
+        _run_on_pool(count, _void_pointer(part_address), descriptors.ctypes, descriptors.shape[1] * 8)
+        return
+    for i in range(count):
+        _call_part(part_address, descriptors[i])
+
+
+def pool_from_compiled():
+    """Whether compiled code can call :func:`run_compiled` and
+    :func:`threads_from_compiled` (OpenBLAS's pool is bound)."""
+    return blas._run_on_pool is not None
+
+
 # An epilogue's descriptor (see CompiledEpilogue): the part's address, the
 # block's rows and columns, the block's and the output's addresses, then the
 # epilogue's own numbers.

@@ -73,7 +73,7 @@ def cache_dir():
 
 
 # The jit_kernels sources that generated kernels and scan loops compile in
-STAMPED_SOURCES = ("__init__.py", "vmath.py", "reduce.py", "blas.py", "packed.py")
+STAMPED_SOURCES = ("__init__.py", "vmath.py", "reduce.py", "blas.py", "packed.py", "parts.py", "conv.py")
 
 
 def _dependency_stamp():
@@ -81,7 +81,8 @@ def _dependency_stamp():
 
     Numba's cache checks only a function's own file: a kernel compiled against
     an older vmath.py or reduce.py, a scan loop against an older blas.py or
-    packed.py (whose micro-kernels it inlines), or either with other LLVM
+    packed.py (whose micro-kernels it inlines), a whole call against an older
+    parts.py or conv.py (whose loops it calls), or any with other LLVM
     options (set in jit_kernels/__init__.py), would be loaded as it was.  Keying
     the cache folder by these sources makes a change to them recompile every
     kernel."""

@@ -12,12 +12,15 @@ another, the whole plan as one call.  Both are cached on disk like the kernels.
 The kernels run serially there (``run_serial``): the whole-plan call is for
 small inputs, where a parallel region would cost more than it saves.
 """
+import math
 import numbers
 import re
 import warnings
+import weakref
 from collections import namedtuple
 
 import numba
+import numpy as np
 
 from jit_kernels import blas
 
@@ -31,18 +34,24 @@ _PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
 # the generated module's first lines
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed",
           "from numbackend.codegen import loaded_kernel", ""]
+# after it, in a whole call running convolutions (see _conv_lines)
+CONV_HEADER = ["from jit_kernels import conv", ""]
 
 Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables packing_lines "
-                                   "hoisting_lines")
+                                   "hoisting_lines call_constants call_arguments")
 Rendered.__doc__ = """A plan's steps as source: ``lines`` (in the plan's names: p0.. for
 placeholders, v.. for values, c../s.. for constants), ``kernel_lines`` binding
 the kernels the lines call (after :data:`HEADER`), the constants the lines read
 (to pass as arguments), the (variable, name) pairs whose values they read, and
 the lines that pack the right operands of products and those that compute
-products over all steps (to run before ``lines``; see :func:`render`)."""
+products over all steps (to run before ``lines``; see :func:`render`), and
+for a whole call, {name: value} of the constants that its convolutions and
+products by weights read besides (see :func:`_conv_lines` and
+:func:`_weights_product_lines`), and {name: a callable giving the value} of
+the arguments it takes besides, worked out anew for each call."""
 
 
-def render(plan, packable=(), sliced=None):
+def render(plan, packable=(), sliced=None, whole_call=False):
     """The plan's steps as a :class:`Rendered`, or None where a step has no
     compiled form (or NumPy's BLAS is not one jit_kernels.blas can call).
     ``packable``: the names of placeholders that keep their values while the
@@ -53,10 +62,13 @@ def render(plan, packable=(), sliced=None):
     whose rows ``lo:hi`` of step ``t`` it is}, for a scan's loop; a product of
     one of them by a packable placeholder is computed for steps ``first`` to
     ``stop`` at once by the hoisting lines where ``hoisted_products`` is true,
-    and read from there."""
+    and read from there.  ``whole_call``: lines for :func:`compile_call`,
+    which may run convolutions (see :func:`_conv_lines`) and products by a
+    variable's value in parts (:func:`_weights_product_lines`)."""
     if not blas.AVAILABLE:
         return None
     lines, kernels, variables, packings, hoistings = [], {}, [], {}, []
+    call_constants, call_arguments = {}, {}
     for entry in plan.program:
         if entry[0] == "unsupported":
             return None
@@ -69,8 +81,19 @@ def render(plan, packable=(), sliced=None):
             kernel = kernels.setdefault(module.KEY, f"kernel{len(kernels)}")
             lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
+        if entry[0] == "conv":
+            conv_lines = _conv_lines(*entry[1:], call_constants) if whole_call else None
+            if conv_lines is None:
+                return None
+            lines += conv_lines
+            continue
         _, node, ins, out = entry
-        library = _library_lines(node, ins, out, packable, packings, sliced or {}, hoistings)
+        library = None
+        if whole_call and node.op == "dot":
+            weights = next((v for v, name in variables if name == ins[1]), None)
+            library = _weights_product_lines(node, ins, out, weights, call_constants, call_arguments)
+        if library is None:
+            library = _library_lines(node, ins, out, packable, packings, sliced or {}, hoistings)
         if library is None:
             return None
         lines += library
@@ -80,13 +103,80 @@ def render(plan, packable=(), sliced=None):
     packing_lines = [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
                      f"np.empty((0, 0, 0), dtype={b}.dtype))"
                      for (b, tb), name in packings.items()]
-    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines, hoistings)
+    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines, hoistings,
+                    call_constants, call_arguments)
 
 
 def compiles_product(node):
     """Whether a ``dot`` node has a compiled form: a product of two float32 or two
     float64 matrices, through a BLAS that jit_kernels.blas can call."""
     return blas.AVAILABLE and is_float_matrix_product(node)
+
+
+def _conv_lines(node, ins, out, pool, constants):
+    """The line of a 2-D convolution (pooled by 'max' where ``pool`` says so) as
+    jit_kernels.conv's compiled forms run it, adding the constants it reads to
+    ``constants``; None where it has none for the node's shapes and attributes
+    (see jit_kernels.conv.compiled_path)."""
+    from jit_kernels import conv, parts
+    x, w = node.inputs
+    if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
+        return None
+    attrs = node.attrs
+    path, sizes, offsets = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                                              attrs["padding"], attrs["dilation"])
+    k = len(constants)
+    if path == "direct" and pool is None:
+        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = sizes, offsets
+        return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, conv_sizes{k}, conv_offsets{k})"]
+    if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
+        return None
+    # the kernel that conv_transform is the transform of: none yet (NaN differs from all)
+    constants[f"conv_kernel{k}"] = np.full(w.shape, np.nan, node.dtype)
+    constants[f"conv_transform{k}"] = np.empty((36,) + w.shape[2:], node.dtype)
+    constants[f"conv_part{k}"] = conv._winograd_part_callback()[0]
+    mode = 1 if pool == "max" else 0  # jit_kernels.conv._POOL_MODES
+    return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, conv_kernel{k}, conv_transform{k}, "
+             f"conv_part{k}, {mode})")]
+
+
+def _weights_product_lines(node, ins, out, weights, constants, arguments):
+    """The lines of a product by the value of the variable ``weights`` as the
+    plan runs it (numbackend.compiler._ProductByWeights): with few rows, by
+    its panels packed once per value and split between BLAS's threads, adding
+    the part's address to ``constants`` and the panels to ``arguments``; None
+    where the plan runs it through BLAS alone."""
+    from jit_kernels import packed, parts
+
+    from .compiler import PACKED_WEIGHTS_MAX_ROWS, PACKED_WEIGHTS_MIN_ITEMS, _multiplies_weights
+    if (weights is None or not _multiplies_weights(node) or not compiles_product(node)
+            or math.prod(weights.shape) < PACKED_WEIGHTS_MIN_ITEMS or not parts.pool_from_compiled()):
+        return None
+    k = len(arguments)
+    arguments[f"weights_panels{k}"] = _PackedValue(weights)
+    constants[f"weights_part{k}"] = packed._product_part_callback()[0]
+    return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+            f"if {ins[0]}.shape[0] <= {PACKED_WEIGHTS_MAX_ROWS}:",
+            f"    packed.matmul_packed_from_compiled({ins[0]}, weights_panels{k}, {out}, weights_part{k})",
+            "else:",
+            f"    {_PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]
+
+
+class _PackedValue:
+    """``()``: a variable's value packed by jit_kernels.packed.pack, packed again
+    only where the value is another array (a variable's value is replaced,
+    never written in place, as _ProductByWeights relies on too)."""
+
+    def __init__(self, variable):
+        self.variable = variable
+        self.packing = None  # (weak reference to the value packed, its panels)
+
+    def __call__(self):
+        value, packing = self.variable.value, self.packing
+        if packing is None or packing[0]() is not value:
+            from jit_kernels import packed
+            packing = self.packing = (weakref.ref(value), packed.pack(value, False))
+        return packing[1]
 
 
 def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):
@@ -138,10 +228,12 @@ class Call:
     unlike a kernel's compiled pattern, or that a product refuses: the plan's
     own steps then say what is wrong)."""
 
-    def __init__(self, source, constants, variables):
+    def __init__(self, source, constants, variables, arguments=(), lock=None):
         self.source = source
         self.constants = constants
         self.variables = variables
+        self.arguments = arguments  # callables giving the last arguments, on each call
+        self.lock = lock  # held while the call runs, where it runs parts on BLAS's threads
         self._function = None
         self._compiles = True
 
@@ -152,7 +244,12 @@ class Call:
             if self._function is None:
                 self._function = codegen.load_kernel(self.source).call
             values = [v.value for v in self.variables]
-            return self._function(*arrays, *values, *self.constants)
+            for argument in self.arguments:
+                values.append(argument())
+            if self.lock is None:
+                return self._function(*arrays, *values, *self.constants)
+            with self.lock:
+                return self._function(*arrays, *values, *self.constants)
         except numba.core.errors.NumbaError as exc:
             warnings.warn("function: the plan did not compile as one call, so it runs from "
                           f"Python ({type(exc).__name__}: {str(exc)[:200]})", stacklevel=3)
@@ -164,7 +261,7 @@ class Call:
 
 def compile_call(plan):
     """The plan as one :class:`Call`, or None where a step has no compiled form."""
-    rendered = render(plan)
+    rendered = render(plan, whole_call=True)
     if rendered is None or any(p.ndim == 0 for p in plan.placeholders) or any(
             t.ndim == 0 for t in plan.targets):
         return None  # a scalar is a NumPy scalar in the plan, not an array
@@ -172,10 +269,15 @@ def compile_call(plan):
     params = [f"p{i}" for i in range(len(plan.placeholders))] + variable_names
     results = [name if new else f"{name}.copy()"  # the caller owns what it gets
                for name, new in zip(plan.result_names, plan.result_fresh)]
-    lines = HEADER + rendered.kernel_lines
-    lines += ["", "", "@njit_cached(nogil=True)",
-              f"def call({', '.join(params + rendered.constant_names)}):"]
+    constants, arguments = rendered.call_constants, rendered.call_arguments
+    params += list(arguments) + rendered.constant_names + list(constants)
+    runs_convs = any(c.startswith("conv_") for c in constants)
+    lines = HEADER + (CONV_HEADER if runs_convs else []) + rendered.kernel_lines
+    lines += ["", "", "@njit_cached(nogil=True)", f"def call({', '.join(params)}):"]
     lines += ["    " + line for line in rendered.lines]
     lines.append(f"    return ({''.join(r + ', ' for r in results)})")
-    return Call("\n".join(lines) + "\n", [plan.constants[c] for c in rendered.constant_names],
-                [v for v, _ in rendered.variables])
+    # parts on BLAS's threads (jit_kernels.parts.run_compiled) run under its lock
+    runs_parts = any(c.startswith(("conv_part", "weights_part")) for c in constants)
+    return Call("\n".join(lines) + "\n", [plan.constants[c] for c in rendered.constant_names]
+                + list(constants.values()), [v for v, _ in rendered.variables], list(arguments.values()),
+                blas._parts_lock if runs_parts else None)

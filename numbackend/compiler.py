@@ -477,8 +477,10 @@ class Plan:
         self.kernels = []
         # the plan again, as data, for compiled code to run (compiled_plan.py):
         # ("kernel", spec, argument expressions, out names), ("library", node,
-        # in names, out name), ("variable", node, name) or ("unsupported", why);
-        # with the constants the expressions name
+        # in names, out name), ("conv", node, in names, out name, pool mode: a
+        # convolution pooled by 'max' or not, see _program_with_epilogue),
+        # ("variable", node, name) or ("unsupported", why); with the constants
+        # the expressions name
         self.program = []
         self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
@@ -635,7 +637,8 @@ class Plan:
         lines.append(f"{name} = {call}({', '.join([value_of(i) for i in node.inputs] + others)})")
         result = out if pool is None else pool
         names[result.id] = name
-        self.program.append(("unsupported", "a library step with an element-wise epilogue"))
+        self._program_with_epilogue(node, g, inputs, position, pool, pool_first,
+                                    [value_of(i) for i in node.inputs], others, name, new_name)
         self.kernels.append(module)
         members = ([node, pool] + list(g.members) if pool_first else
                    [node] + list(g.members) + ([] if pool is None else [pool]))
@@ -643,6 +646,27 @@ class Plan:
                  f"{node.op}+fused[{module.KEY[:8]}]" + ("" if pool is None else "+pool"))
         self.steps.append(Step("library", label, members, [result], module))
         return True
+
+    def _program_with_epilogue(self, node, g, inputs, position, pool, pool_first, ins, others, name,
+                               new_name):
+        """The program's entries (see __init__) for library ``node`` with its
+        epilogue group ``g``, as :meth:`_emit_with_epilogue` emits them, into
+        ``name`` (its inputs named ``ins``, the group's other inputs ``others``):
+        a ("conv", node, in names, out name, pool mode) entry, the
+        group's kernel after it, for a convolution that pools, if at all,
+        before its epilogue; else "unsupported"."""
+        split, patterns, flat = layout(g, inputs)
+        if node.op != "conv" or (pool is not None and not pool_first) or None in patterns:
+            self.program.append(("unsupported", "a library step with an element-wise epilogue"))
+            return
+        conv_out = new_name("v")
+        self.program.append(("conv", node, ins, conv_out, None if pool is None else pool.attrs["mode"]))
+        kernel_args = list(others)
+        kernel_args.insert(position, conv_out)
+        members = {m.id: j for j, m in enumerate(g.members)}
+        spec = _kernel_spec(g, inputs, members, split, patterns, flat, {})
+        self.program.append(("kernel", spec, self._call_args(kernel_args, patterns, inputs, {}, new_name),
+                             [name]))
 
     def _emit_group(self, g, value_of, names, ns, lines, new_name):
         members = {m.id: j for j, m in enumerate(g.members)}

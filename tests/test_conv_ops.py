@@ -525,6 +525,76 @@ def test_conv_epilogue_and_pooling_with_a_bias_broadcasting_only_at_run_time():
                                    rtol=1e-12, atol=1e-12)
 
 
+def _small_cnn(weights, x):
+    """mnist_cnn's layers in NumPy: conv + bias + relu twice, 2x2 max pooling,
+    a dense layer and softmax."""
+    (k1, b1), (k2, b2), (w3, b3) = weights
+    h = np.maximum(ref_conv(x, k1, (1, 1), "valid", (1, 1)) + b1, 0)
+    h = np.maximum(ref_conv(h, k2, (1, 1), "valid", (1, 1)) + b2, 0)
+    z = ref_pool(h, (2, 2), (2, 2), "valid", "max").reshape(len(x), -1) @ w3 + b3
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the inf, on BLAS's threads
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_small_cnn_called_often_runs_as_one_call(monkeypatch, dtype):
+    """Small inputs to a function called often run its plan as one compiled
+    call, convolutions included: the direct loop, Winograd's parts pooling
+    before the epilogue, the dense layer's weights packed once and split
+    between threads.  Kernels and weights given new values, and a kernel
+    changed in place, are what the next call reads; an inf in an image goes
+    back to the plan (Winograd would spread it), and so does a batch too
+    large for one call."""
+    from jit_kernels import blas, parts
+    from numbackend import compiler
+    if not (blas.AVAILABLE and parts.pool_from_compiled()):
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64 with its pool: plans run from Python")
+    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
+    monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+    values = [(rand(3, 3, 1, 32), rand(32)), (rand(3, 3, 32, 8) / 10, rand(8)),
+              (rand(12 * 12 * 8, 10) / 30, rand(10))]
+    weights = [tuple(K.variable(a.astype(dtype), dtype=dtype) for a in pair) for pair in values]
+    x = K.placeholder((None, 28, 28, 1), dtype=dtype)
+    h = K.relu(K.bias_add(K.conv2d(x, weights[0][0]), weights[0][1]))
+    h = K.pool2d(K.relu(K.bias_add(K.conv2d(h, weights[1][0]), weights[1][1])), (2, 2), (2, 2))
+    f = K.function([x], [K.softmax(K.dot(K.batch_flatten(h), weights[2][0]) + weights[2][1])])
+    runs, run = [0], f.plan.run
+    f.plan.run = lambda *a: runs.__setitem__(0, runs[0] + 1) or run(*a)
+    tol = 2e-5 if dtype == "float32" else 1e-10
+
+    def check(batch):
+        xv = rand(batch, 28, 28, 1)
+        got = f([xv.astype(dtype)])[0]
+        want = _small_cnn([(K.get_value(a).astype(float), K.get_value(b).astype(float))
+                           for a, b in weights], xv.astype(dtype).astype(float))
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        return xv
+
+    for batch in (1, 3, 1):
+        check(batch)
+    assert runs[0] == 1
+    source = f._one_call.source
+    for call in ("conv.direct_forward", "conv.winograd_forward", "packed.matmul_packed_from_compiled"):
+        assert call in source
+    K.set_value(weights[1][0], values[1][0][::-1].astype(dtype))
+    K.set_value(weights[2][0], 2 * values[2][0].astype(dtype))
+    check(1)
+    weights[1][0].value[0, 1] += 0.5
+    weights[0][0].value[:] *= -1
+    check(2)
+    assert runs[0] == 1
+    xv = check(2)
+    xv[1, 7, 8] = np.inf
+    got = f([xv.astype(dtype)])[0]
+    assert runs[0] == 2 and np.isnan(got[1]).all()
+    now = [(K.get_value(a).astype(float), K.get_value(b).astype(float)) for a, b in weights]
+    np.testing.assert_allclose(got[:1], _small_cnn(now, xv[:1].astype(dtype).astype(float)),
+                               rtol=tol, atol=tol)
+    check(compiler.ONE_CALL_MAX_ELEMENTS // 784 + 1)
+    assert runs[0] == 3
+
+
 def test_conv_result_read_elsewhere_is_not_an_epilogue():
     x, w = rand(2, 5, 5, 2), rand(3, 3, 2, 3)
     conv = ref_conv(x, w, (1, 1), "valid", (1, 1))

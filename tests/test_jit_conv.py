@@ -595,6 +595,60 @@ def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winogr
     assert winograd_chunks and bool(from_python) == chunked
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_direct_forward(dtype):
+    """The direct loop's compiled form (for whole compiled calls), against the
+    reference, for the sizes compiled_path gives: one input channel, and three
+    with zero weights padding the last pass of nine."""
+    random = random_arrays(31)
+    for x_shape, w_shape in (((3, 9, 8, 1), (3, 3, 1, 32)), ((2, 7, 6, 3), (2, 2, 3, 32))):
+        x, w = random(x_shape, dtype), random(w_shape, dtype)
+        path, sizes, offsets = conv.compiled_path(x.shape, w.shape, x.dtype, 1, 'valid', 1)
+        assert path == 'direct'
+        got = conv.direct_forward(x, w, sizes, offsets)
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_paths():
+    """Only a direct loop, or Winograd over whole 4x4 blocks without padding
+    (at batch 1 already: more images only add blocks), have compiled forms."""
+    f32 = np.dtype(np.float32)
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] == 'winograd'
+    assert conv.compiled_path((None, 26, 25, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None
+    assert conv.compiled_path((None, 24, 24, 32), (3, 3, 32, 64), f32, 1, 'same', 1)[0] is None
+    assert conv.compiled_path((None, 10, 10, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None  # 4 blocks
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 2, 'valid', 1)[0] is None
+    assert conv.compiled_path((None, None, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None
+    assert conv.compiled_path((None, 9, 9, 8), (3, 3, 8, 16), f32, 1, 'valid', 1)[0] is None  # im2col
+
+
+@pytest.mark.skipif(not parts.pool_from_compiled(), reason="OpenBLAS's thread pool is not bound")
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_compiled_winograd_forward(dtype):
+    """Winograd's compiled form, pooled or not, against the reference; the
+    kernel's transform made again for a kernel changed in place; an inf
+    refused before anything runs."""
+    random = random_arrays(32)
+    x, w = random((2, 26, 22, 8), dtype), random((3, 3, 8, 12), dtype)
+    kept, u = np.full_like(w, np.nan), np.empty((36, 8, 12), dtype)
+    address = conv._winograd_part_callback()[0]
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for _ in range(2):
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
+        with blas._parts_lock:
+            got, pooled = (conv.winograd_forward(x, w, kept, u, address, mode) for mode in (0, 1))
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+        np.testing.assert_allclose(pooled, reference_pool_2x2(want, 'max'), rtol=tol,
+                                   atol=tol * np.abs(want).max())
+        np.testing.assert_array_equal(kept, w)
+        w[1, 2] += 1  # in place: the next call's transform must follow
+    x[1, 3, 4, 5] = np.inf
+    with pytest.raises(ValueError, match="an inf or a NaN"):
+        conv.winograd_forward(x, w, kept, u, address, 0)
+
+
 @pytest.mark.parametrize('x_shape', [(2, 3, 8, 2), (2, 8, 3, 2), (2, 3, 3, 2)])
 def test_conv_pooled_to_nothing(x_shape):
     """A convolution with one output row or column pools to none (2x2, 'valid')."""

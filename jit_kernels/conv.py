@@ -874,13 +874,13 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     rows = _padded(x5, g, (1, height, width)).reshape(-1, channels)
     u = _winograd_kernels(w, remember)
     bands = batch * tiles_h
-    chunk = max(-(-_WINOGRAD_MIN_ROWS // tiles_w),
-                _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * x5.itemsize))
+    chunk = _winograd_chunk_bands(tiles_w, channels, out_ch, x5.itemsize)
     small = bands < 2 * chunk
     if small:
         target = y2 if finish is None and y2 is not None else np.empty((batch * out_h * out_w, out_ch),
                                                                        x5.dtype)
-        if _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ())):
+        if _winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w, *(pool_into or ()),
+                              chunk=chunk):
             if finish is not None and pool_into is None:
                 finish(target, 0, target.shape[0])
             return True
@@ -913,6 +913,14 @@ def _winograd_products(x5, g, w, y2, finish=None, remember=True, pool_into=None)
     except _NonFiniteInput:  # rewrites every output
         _columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
     return False
+
+
+def _winograd_chunk_bands(tiles_w, channels, out_ch, itemsize):
+    """Bands per chunk of :func:`_winograd_bands`: its transformed inputs and
+    products about _WINOGRAD_CHUNK_BYTES, each product at least
+    _WINOGRAD_MIN_ROWS rows."""
+    return max(-(-_WINOGRAD_MIN_ROWS // tiles_w),
+               _WINOGRAD_CHUNK_BYTES // (36 * tiles_w * (channels + out_ch) * itemsize))
 
 
 def _winograd_chunk(*args):
@@ -974,19 +982,21 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 
 @njit_cached(**_JIT)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, pool_mode, pooled,
-                          epilogue, final, epilogue_first):
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, chunk, pool_mode,
+                          pooled, epilogue, final, epilogue_first):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
-    in ``count`` parts or fewer, as even as whole bands allow, each with its
-    row of the scratch; no descriptors where ``rows`` hold an inf or a NaN."""
+    in ``count`` parts or fewer, as even as whole bands allow, each part
+    ``chunk`` bands at a time with its row of the scratch; no descriptors
+    where ``rows`` hold an inf or a NaN."""
     if not _all_finite(rows):
-        return np.empty((0, 23), np.int64), np.empty((0, 0), rows.dtype)
+        return np.empty((0, 24), np.int64), np.empty((0, 0), rows.dtype)
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     per = -(-bands // count)
     count = -(-bands // per)
-    scratch = np.empty((count, _winograd_scratch_size(per * tiles_w, rows.shape[1], u.shape[2])),
+    chunk = min(per, chunk)
+    scratch = np.empty((count, _winograd_scratch_size(chunk * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
-    d = np.empty((count, 23), np.int64)
+    d = np.empty((count, 24), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
         d[i, 4], d[i, 5], d[i, 6], d[i, 7] = tiles_h, tiles_w, i * per, min(bands, (i + 1) * per)
@@ -994,16 +1004,24 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
         d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
         d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
         d[i, 19], d[i, 20], d[i, 21] = epilogue.ctypes.data, epilogue.size, final.ctypes.data
-        d[i, 22] = epilogue_first
+        d[i, 22], d[i, 23] = epilogue_first, chunk
     return d, scratch
 
 
 @njit_cached(**_JIT)
 def _winograd_part_of(d, dtype):
     """:func:`_winograd_bands` of the descriptor ``d`` (see
-    :func:`_winograd_descriptors`), its arrays of ``dtype``."""
+    :func:`_winograd_descriptors`), its arrays of ``dtype``, chunk by chunk
+    of its bands."""
+    for first in range(d[6], d[7], d[23]):
+        _winograd_bands_of(d, dtype, first, min(d[7], first + d[23]))
+
+
+@njit_cached(**_JIT)
+def _winograd_bands_of(d, dtype, first, end):
+    """What :func:`_winograd_part_of` does for bands first..end-1."""
     rows = parts.array_at(d[0], (d[1], d[2]), dtype)
-    width, tiles_h, tiles_w, first, end = d[3], d[4], d[5], d[6], d[7]
+    width, tiles_h, tiles_w = d[3], d[4], d[5]
     u = parts.array_at(d[8], (36, d[2], d[9]), dtype)
     out_h, out_w = d[11], d[12]
     first_row, end_row = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
@@ -1043,7 +1061,7 @@ _POOL_MODES = {None: 0, 'max': 1, 'avg': 2}
 
 
 def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool=None, pooled=None,
-                       epilogue=_NO_EPILOGUE, final=None, epilogue_first=False):
+                       epilogue=_NO_EPILOGUE, final=None, epilogue_first=False, chunk=None):
     """:func:`_winograd_bands` over every band, the bands split between BLAS's
     threads with no Python between the steps (:mod:`parts`): mnist_cnn's second
     layer at batch 1 took 113-123 us so on 2 cores, against 206 us on one.
@@ -1054,7 +1072,8 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     pooled rows into theirs of ``final`` (the shape of ``pooled``).  With
     ``epilogue_first``, the epilogue runs on its bands' outputs instead, into
     their rows of ``final`` (the shape of ``out``), and the pooling, if any,
-    reads them there.
+    reads them there.  Each part runs ``chunk`` bands at a time (all of its
+    bands at once where None).
 
     False, running nothing, where ``rows`` hold an inf or a NaN: it would reach
     every output of the blocks that read it (inf - inf in the transforms), so
@@ -1075,9 +1094,10 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
     if rows.shape[0] < (4 * tiles_h + 2) * width:
         return True  # no bands
     # the scratch the descriptors point into, held until the parts are done
+    bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
-                                                  max(1, blas.threads()), _POOL_MODES[pool], pooled,
-                                                  epilogue, final, epilogue_first)
+                                                  max(1, blas.threads()), chunk or bands, _POOL_MODES[pool],
+                                                  pooled, epilogue, final, epilogue_first)
     if descriptors.shape[0] == 0:
         return False
     parts.run(_winograd_part_callback, descriptors)
@@ -1309,13 +1329,13 @@ def _winograd_parts_work(outputs, pool, pooled, y2, epilogue, after_pool, final)
 # conv_forward's compiled loops took as long as mnist_cnn's first layer itself.
 
 def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
-    """'direct' or 'winograd' where :func:`direct_forward` or
-    :func:`winograd_forward` computes conv_forward's result for inputs of shape
-    x_shape (N, H, W, C) with any N, else None; for 'direct', also the
-    ``sizes`` and ``offsets`` it takes.  Winograd only over whole 4x4 blocks
-    without padding, where its rows are the input's own."""
+    """('direct', (sizes, offsets)) or ('winograd', (chunk,)) where
+    :func:`direct_forward` or :func:`winograd_forward` computes conv_forward's
+    result for inputs of shape x_shape (N, H, W, C) with any N, with the
+    arguments they take besides, else (None, ()).  Winograd only over whole
+    4x4 blocks without padding, where its rows are the input's own."""
     if len(x_shape) != 4 or None in x_shape[1:] or dtype not in (np.float32, np.float64):
-        return None, None, None
+        return None, ()
     g, path = _forward_path((1,) + tuple(x_shape[1:]), tuple(w_shape), np.dtype(dtype),
                             _hashable(strides), padding, _hashable(dilation), None,
                             (DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES, WINOGRAD_MIN_CHANNELS,
@@ -1323,17 +1343,18 @@ def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
     if path == 'direct':  # the same for any batch
         sizes, offsets, _ = _window_sizes(g, x_shape[-1], w_shape[-1], np.dtype(dtype).itemsize,
                                           _DIRECT_CHUNK_BYTES)
-        return path, sizes, offsets
+        return path, (sizes, offsets)
     # (more images only add blocks: Winograd at batch 1 is Winograd at any batch)
     if path == 'winograd' and g.pad == (0, 0, 0) and g.out[1] % 4 == 0 and g.out[2] % 4 == 0:
-        return path, None, None
-    return None, None, None
+        return path, (_winograd_chunk_bands(g.out[2] // 4, x_shape[-1], w_shape[-1], np.dtype(dtype).itemsize),)
+    return None, ()
 
 
 @njit_cached(**_JIT)
 def direct_forward(x, w, sizes, offsets):
     """conv_forward's direct loop over x (N, H, W, C) with w (KH, KW, C, OC),
-    for the ``sizes`` and ``offsets`` of :func:`compiled_path`: (N, OH, OW, OC)."""
+    for the ``sizes`` and ``offsets`` of :func:`compiled_path`: (N, OH, OW, OC).
+    (One pass over every image: a whole call's batches are small.)"""
     batch, out_ch = x.shape[0], w.shape[3]
     patch = w.shape[0] * w.shape[1] * w.shape[2]
     weights = np.zeros((offsets.size, out_ch), x.dtype)
@@ -1346,15 +1367,15 @@ def direct_forward(x, w, sizes, offsets):
 
 
 @njit_cached(**_JIT)
-def winograd_forward(x, w, kept, u, part_address, pool_mode):
+def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     """conv_forward's Winograd parts over x (N, H, W, C) with w (3, 3, C, OC),
     from compiled code (a :func:`compiled_path` of 'winograd'; see
     :func:`_winograd_in_parts`): (N, H - 2, W - 2, OC), or with ``pool_mode``
     (see :func:`_pool_bands`) that pooled over 2x2 windows with stride 2.
     ``kept`` and ``u``, of w's shape and (36, C, OC), hold the kernel that
     ``u`` is the transform of: where w holds other values, u and kept are
-    made again.  ``part_address``: that of ``_winograd_part_callback``.
-    Raises ValueError where x holds an inf or a NaN (see
+    made again.  ``part_address``: that of ``_winograd_part_callback``;
+    ``chunk``: :func:`compiled_path`'s bands per chunk.  Raises ValueError where x holds an inf or a NaN (see
     :func:`_winograd_in_parts`): the caller then takes conv_forward."""
     batch, height, width, channels = x.shape
     out_ch, out_h, out_w = w.shape[3], height - 2, width - 2
@@ -1368,8 +1389,8 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode):
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
     descriptors, scratch = _winograd_descriptors(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
-        max(1, parts.threads_from_compiled()), pool_mode, pooled, np.zeros(0, np.int64), pooled[:0],
-        False)
+        max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
+        pooled[:0], False)
     if descriptors.shape[0] == 0:
         raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     parts.run_compiled(part_address, descriptors, (out, pooled, scratch))

@@ -123,11 +123,11 @@ def _conv_lines(node, ins, out, pool, constants):
     if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
         return None
     attrs = node.attrs
-    path, sizes, offsets = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
-                                              attrs["padding"], attrs["dilation"])
+    path, extra = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                                     attrs["padding"], attrs["dilation"])
     k = len(constants)
     if path == "direct" and pool is None:
-        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = sizes, offsets
+        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = extra
         return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, conv_sizes{k}, conv_offsets{k})"]
     if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
         return None
@@ -137,7 +137,7 @@ def _conv_lines(node, ins, out, pool, constants):
     constants[f"conv_part{k}"] = conv._winograd_part_callback()[0]
     mode = 1 if pool == "max" else 0  # jit_kernels.conv._POOL_MODES
     return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, conv_kernel{k}, conv_transform{k}, "
-             f"conv_part{k}, {mode})")]
+             f"conv_part{k}, {mode}, {int(extra[0])})")]
 
 
 def _weights_product_lines(node, ins, out, weights, constants, arguments):

@@ -293,7 +293,7 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
     winograd = []
     in_parts = conv._winograd_in_parts
-    monkeypatch.setattr(conv, '_winograd_in_parts', lambda *a: winograd.append(1) or in_parts(*a))
+    monkeypatch.setattr(conv, '_winograd_in_parts', lambda *a, **k: winograd.append(1) or in_parts(*a, **k))
     conv.conv_forward(random((8, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
     assert taken == [1] and winograd == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
     # fewer blocks than WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
@@ -326,9 +326,9 @@ def winograd_chunks(monkeypatch):
         chunks.append(end - first)
         return bands(rows, width, tiles_h, tiles_w, first, end, *rest)
 
-    def counted_in_parts(rows, width, tiles_h, tiles_w, *rest):
+    def counted_in_parts(rows, width, tiles_h, tiles_w, *rest, **options):
         chunks.append(rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h)
-        return in_parts(rows, width, tiles_h, tiles_w, *rest)
+        return in_parts(rows, width, tiles_h, tiles_w, *rest, **options)
 
     monkeypatch.setattr(conv, '_winograd_chunk', counted)
     monkeypatch.setattr(conv, '_winograd_in_parts', counted_in_parts)
@@ -603,7 +603,7 @@ def test_compiled_direct_forward(dtype):
     random = random_arrays(31)
     for x_shape, w_shape in (((3, 9, 8, 1), (3, 3, 1, 32)), ((2, 7, 6, 3), (2, 2, 3, 32))):
         x, w = random(x_shape, dtype), random(w_shape, dtype)
-        path, sizes, offsets = conv.compiled_path(x.shape, w.shape, x.dtype, 1, 'valid', 1)
+        path, (sizes, offsets) = conv.compiled_path(x.shape, w.shape, x.dtype, 1, 'valid', 1)
         assert path == 'direct'
         got = conv.direct_forward(x, w, sizes, offsets)
         want = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
@@ -627,18 +627,19 @@ def test_compiled_paths():
 @pytest.mark.skipif(not parts.pool_from_compiled(), reason="OpenBLAS's thread pool is not bound")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_winograd_forward(dtype):
-    """Winograd's compiled form, pooled or not, against the reference; the
-    kernel's transform made again for a kernel changed in place; an inf
-    refused before anything runs."""
+    """Winograd's compiled form, pooled or not, its parts taking their bands
+    one, four or all at a time, against the reference; the kernel's transform
+    made again for a kernel changed in place; an inf refused before anything
+    runs."""
     random = random_arrays(32)
-    x, w = random((2, 26, 22, 8), dtype), random((3, 3, 8, 12), dtype)
+    x, w = random((2, 26, 22, 8), dtype), random((3, 3, 8, 12), dtype)  # 12 bands of 5 blocks
     kept, u = np.full_like(w, np.nan), np.empty((36, 8, 12), dtype)
     address = conv._winograd_part_callback()[0]
     tol = 1e-4 if dtype == np.float32 else 1e-10
-    for _ in range(2):
+    for chunk in (1, 4, 100):
         want = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
         with blas._parts_lock:
-            got, pooled = (conv.winograd_forward(x, w, kept, u, address, mode) for mode in (0, 1))
+            got, pooled = (conv.winograd_forward(x, w, kept, u, address, mode, chunk) for mode in (0, 1))
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
         np.testing.assert_allclose(pooled, reference_pool_2x2(want, 'max'), rtol=tol,
                                    atol=tol * np.abs(want).max())
@@ -646,7 +647,7 @@ def test_compiled_winograd_forward(dtype):
         w[1, 2] += 1  # in place: the next call's transform must follow
     x[1, 3, 4, 5] = np.inf
     with pytest.raises(ValueError, match="an inf or a NaN"):
-        conv.winograd_forward(x, w, kept, u, address, 0)
+        conv.winograd_forward(x, w, kept, u, address, 0, 4)
 
 
 @pytest.mark.parametrize('x_shape', [(2, 3, 8, 2), (2, 8, 3, 2), (2, 3, 3, 2)])

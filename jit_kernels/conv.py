@@ -1324,9 +1324,9 @@ def _winograd_parts_work(outputs, pool, pooled, y2, epilogue, after_pool, final)
 
 
 # Compiled forms of two of conv_forward's paths, for numbackend's plans compiled
-# as one call (numbackend/compiled_plan.py): a 2-D convolution with stride 1
-# where the path is the same whatever the batch.  At batch 1 the Python around
-# conv_forward's compiled loops took as long as mnist_cnn's first layer itself.
+# as one call (numbackend/compiled_plan.py): 2-D convolutions whose path is the
+# same whatever the batch.  At batch 1 the Python around conv_forward's
+# compiled loops took as long as mnist_cnn's first layer itself.
 
 def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
     """('direct', (sizes, offsets)) or ('winograd', (chunk,)) where

@@ -598,15 +598,18 @@ def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winogr
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_compiled_direct_forward(dtype):
     """The direct loop's compiled form (for whole compiled calls), against the
-    reference, for the sizes compiled_path gives: one input channel, and three
-    with zero weights padding the last pass of nine."""
+    reference, for the sizes compiled_path gives: one input channel; three,
+    with zero weights padding the last pass of nine; 'same' padding, strides
+    and dilation."""
     random = random_arrays(31)
-    for x_shape, w_shape in (((3, 9, 8, 1), (3, 3, 1, 32)), ((2, 7, 6, 3), (2, 2, 3, 32))):
+    for x_shape, w_shape, strides, padding, dilation in (
+            ((3, 9, 8, 1), (3, 3, 1, 32), 1, 'valid', 1), ((2, 7, 6, 3), (2, 2, 3, 32), 1, 'valid', 1),
+            ((2, 9, 8, 2), (3, 3, 2, 32), (2, 1), 'same', 1), ((1, 9, 10, 1), (3, 3, 1, 32), 1, 'same', 2)):
         x, w = random(x_shape, dtype), random(w_shape, dtype)
-        path, (sizes, offsets) = conv.compiled_path(x.shape, w.shape, x.dtype, 1, 'valid', 1)
+        path, (sizes, offsets) = conv.compiled_path(x.shape, w.shape, x.dtype, strides, padding, dilation)
         assert path == 'direct'
         got = conv.direct_forward(x, w, sizes, offsets)
-        want = reference_conv(x.astype(np.float64), w.astype(np.float64), 1, 'valid', 1)
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), strides, padding, dilation)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

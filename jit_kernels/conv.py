@@ -1047,15 +1047,21 @@ def _pooled_row(band, tiles_h, out_h, out_w):
     return ((band // tiles_h) * (out_h // 2) + min(2 * (band % tiles_h), out_h // 2)) * (out_w // 2)
 
 
-def _winograd_part(d):
-    """:func:`_winograd_part_of` in the descriptor's type."""
-    if d[15] == 4:
-        _winograd_part_of(d, np.float32)
-    else:
-        _winograd_part_of(d, np.float64)
+def _winograd_part_float32(d):
+    """:func:`_winograd_part_of` of float32 arrays: a part of its own for each
+    type (a callback dispatching on the type took a cold process 38 s to
+    compile, both types' loops)."""
+    _winograd_part_of(d, np.float32)
 
 
-_winograd_part_callback = parts.compiled_part(_winograd_part)
+def _winograd_part_float64(d):
+    """:func:`_winograd_part_of` of float64 arrays."""
+    _winograd_part_of(d, np.float64)
+
+
+# the compiled part of each type, by its item size
+winograd_parts = {4: parts.compiled_part(_winograd_part_float32),
+                  8: parts.compiled_part(_winograd_part_float64)}
 # a pooling's mode in a descriptor (see _pool_bands)
 _POOL_MODES = {None: 0, 'max': 1, 'avg': 2}
 
@@ -1100,7 +1106,7 @@ def _winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, pool
                                                   pooled, epilogue, final, epilogue_first)
     if descriptors.shape[0] == 0:
         return False
-    parts.run(_winograd_part_callback, descriptors)
+    parts.run(winograd_parts[rows.itemsize], descriptors)
     return True
 
 
@@ -1374,7 +1380,7 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     (see :func:`_pool_bands`) that pooled over 2x2 windows with stride 2.
     ``kept`` and ``u``, of w's shape and (36, C, OC), hold the kernel that
     ``u`` is the transform of: where w holds other values, u and kept are
-    made again.  ``part_address``: that of ``_winograd_part_callback``;
+    made again.  ``part_address``: that of ``winograd_parts`` of its type;
     ``chunk``: :func:`compiled_path`'s bands per chunk.  Raises ValueError where x holds an inf or a NaN (see
     :func:`_winograd_in_parts`): the caller then takes conv_forward."""
     batch, height, width, channels = x.shape

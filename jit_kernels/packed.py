@@ -317,15 +317,20 @@ def _product_part_of(d, dtype):
     matmul_packed(a, packed[first:end], out[:, first * width:min(n, end * width)])
 
 
-def _product_part(d):
-    """:func:`_product_part_of` in the operands' type."""
-    if d[9] == 4:
-        _product_part_of(d, np.float32)
-    else:
-        _product_part_of(d, np.float64)
+def _product_part_float32(d):
+    """:func:`_product_part_of` of float32 operands: a part of its own for each
+    type, since compiling the part compiles everything it calls (a callback
+    dispatching on the type compiled both for any product)."""
+    _product_part_of(d, np.float32)
 
 
-_product_part_callback = parts.compiled_part(_product_part)
+def _product_part_float64(d):
+    """:func:`_product_part_of` of float64 operands."""
+    _product_part_of(d, np.float64)
+
+
+# the compiled part of each type, by its item size
+product_parts = {4: parts.compiled_part(_product_part_float32), 8: parts.compiled_part(_product_part_float64)}
 
 
 def matmul_packed_in_parts(a, packed, out):
@@ -339,13 +344,13 @@ def matmul_packed_in_parts(a, packed, out):
     if out.size == 0 or a.shape[1] == 0:
         matmul_packed(a, packed, out)  # nothing to split; checks the shapes
         return
-    parts.run(_product_part_callback, _parts_of_product(a, packed, out, count))
+    parts.run(product_parts[a.itemsize], _parts_of_product(a, packed, out, count))
 
 
 @njit_cached(**_JIT)
 def matmul_packed_from_compiled(a, packed, out, part_address):
     """:func:`matmul_packed_in_parts` from compiled code (parts.run_compiled),
-    ``part_address`` being that of ``_product_part_callback``; on the calling
+    ``part_address`` being that of ``product_parts`` of its type; on the calling
     thread alone where a or out is not C-contiguous."""
     if out.size == 0 or a.shape[1] == 0 or not (a.flags.c_contiguous and out.flags.c_contiguous):
         matmul_packed(a, packed, out)  # checks the shapes

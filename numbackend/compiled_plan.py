@@ -134,7 +134,7 @@ def _conv_lines(node, ins, out, pool, constants):
     # the kernel that conv_transform is the transform of: none yet (NaN differs from all)
     constants[f"conv_kernel{k}"] = np.full(w.shape, np.nan, node.dtype)
     constants[f"conv_transform{k}"] = np.empty((36,) + w.shape[2:], node.dtype)
-    constants[f"conv_part{k}"] = conv._winograd_part_callback()[0]
+    constants[f"conv_part{k}"] = conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0]
     mode = 1 if pool == "max" else 0  # jit_kernels.conv._POOL_MODES
     return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, conv_kernel{k}, conv_transform{k}, "
              f"conv_part{k}, {mode}, {int(extra[0])})")]
@@ -154,7 +154,7 @@ def _weights_product_lines(node, ins, out, weights, constants, arguments):
         return None
     k = len(arguments)
     arguments[f"weights_panels{k}"] = _PackedValue(weights)
-    constants[f"weights_part{k}"] = packed._product_part_callback()[0]
+    constants[f"weights_part{k}"] = packed.product_parts[np.dtype(node.dtype).itemsize]()[0]
     return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
             f"if {ins[0]}.shape[0] <= {PACKED_WEIGHTS_MAX_ROWS}:",
             f"    packed.matmul_packed_from_compiled({ins[0]}, weights_panels{k}, {out}, weights_part{k})",

@@ -665,6 +665,7 @@ class Plan:
         kernel_args.insert(position, conv_out)
         members = {m.id: j for j, m in enumerate(g.members)}
         spec = _kernel_spec(g, inputs, members, split, patterns, flat, {})
+        # (a namespace of its own: the plan's Python lines do not read these scalars)
         self.program.append(("kernel", spec, self._call_args(kernel_args, patterns, inputs, {}, new_name),
                              [name]))
 

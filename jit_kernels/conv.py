@@ -989,22 +989,22 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
     ``chunk`` bands at a time with its row of the scratch; no descriptors
     where ``rows`` hold an inf or a NaN."""
     if not _all_finite(rows):
-        return np.empty((0, 24), np.int64), np.empty((0, 0), rows.dtype)
+        return np.empty((0, 23), np.int64), np.empty((0, 0), rows.dtype)
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     per = -(-bands // count)
     count = -(-bands // per)
     chunk = min(per, chunk)
     scratch = np.empty((count, _winograd_scratch_size(chunk * tiles_w, rows.shape[1], u.shape[2])),
                        rows.dtype)
-    d = np.empty((count, 24), np.int64)
+    d = np.empty((count, 23), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = rows.ctypes.data, rows.shape[0], rows.shape[1], width
         d[i, 4], d[i, 5], d[i, 6], d[i, 7] = tiles_h, tiles_w, i * per, min(bands, (i + 1) * per)
         d[i, 8], d[i, 9], d[i, 10], d[i, 11] = u.ctypes.data, u.shape[2], out.ctypes.data, out_h
-        d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], rows.itemsize
+        d[i, 12], d[i, 13], d[i, 14], d[i, 15] = out_w, scratch[i].ctypes.data, scratch.shape[1], chunk
         d[i, 16], d[i, 17], d[i, 18] = pool_mode, pooled.ctypes.data, pooled.shape[0]
         d[i, 19], d[i, 20], d[i, 21] = epilogue.ctypes.data, epilogue.size, final.ctypes.data
-        d[i, 22], d[i, 23] = epilogue_first, chunk
+        d[i, 22] = epilogue_first
     return d, scratch
 
 
@@ -1013,8 +1013,8 @@ def _winograd_part_of(d, dtype):
     """:func:`_winograd_bands` of the descriptor ``d`` (see
     :func:`_winograd_descriptors`), its arrays of ``dtype``, chunk by chunk
     of its bands."""
-    for first in range(d[6], d[7], d[23]):
-        _winograd_bands_of(d, dtype, first, min(d[7], first + d[23]))
+    for first in range(d[6], d[7], d[15]):
+        _winograd_bands_of(d, dtype, first, min(d[7], first + d[15]))
 
 
 @njit_cached(**_JIT)
@@ -1266,8 +1266,7 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     """
     x, w = _float_arrays(x, w)
     g, path = _forward_path(x.shape, w.shape, x.dtype, _hashable(strides), padding,
-                            _hashable(dilation), pool, (DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES,
-                                                        WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_BLOCKS))
+                            _hashable(dilation), pool, _path_limits())
     batch, channels, out_ch = x.shape[0], x.shape[-1], w.shape[-1]
     if isinstance(epilogue, parts.CompiledEpilogue):
         epilogue.check(out_ch, x.dtype)  # before any block runs
@@ -1343,9 +1342,7 @@ def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
     if len(x_shape) != 4 or None in x_shape[1:] or dtype not in (np.float32, np.float64):
         return None, ()
     g, path = _forward_path((1,) + tuple(x_shape[1:]), tuple(w_shape), np.dtype(dtype),
-                            _hashable(strides), padding, _hashable(dilation), None,
-                            (DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES, WINOGRAD_MIN_CHANNELS,
-                             WINOGRAD_MIN_BLOCKS))
+                            _hashable(strides), padding, _hashable(dilation), None, _path_limits())
     if path == 'direct':  # the same for any batch
         sizes, offsets, _ = _window_sizes(g, x_shape[-1], w_shape[-1], np.dtype(dtype).itemsize,
                                           _DIRECT_CHUNK_BYTES)
@@ -1381,8 +1378,9 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     ``kept`` and ``u``, of w's shape and (36, C, OC), hold the kernel that
     ``u`` is the transform of: where w holds other values, u and kept are
     made again.  ``part_address``: that of ``winograd_parts`` of its type;
-    ``chunk``: :func:`compiled_path`'s bands per chunk.  Raises ValueError where x holds an inf or a NaN (see
-    :func:`_winograd_in_parts`): the caller then takes conv_forward."""
+    ``chunk``: :func:`compiled_path`'s bands per chunk.  Raises ValueError
+    where x holds an inf or a NaN (see :func:`_winograd_in_parts`): the caller
+    then takes conv_forward."""
     batch, height, width, channels = x.shape
     out_ch, out_h, out_w = w.shape[3], height - 2, width - 2
     if out_h % 4 or out_w % 4 or out_h < 4 or out_w < 4:
@@ -1403,6 +1401,12 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     if pool_mode:
         return pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
     return out.reshape(batch, out_h, out_w, out_ch)
+
+
+def _path_limits():
+    """The module's limits on :func:`_forward_path`'s paths, as they are now
+    (tests change them)."""
+    return DIRECT_MAX_PATCH, DIRECT_MIN_ROW_BYTES, WINOGRAD_MIN_CHANNELS, WINOGRAD_MIN_BLOCKS
 
 
 def _hashable(value):

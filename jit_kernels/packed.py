@@ -53,29 +53,31 @@ def panel_width(itemsize):
     return 2 * VECTOR_BYTES // itemsize
 
 
-def _tile_kernel(rows):
-    """An intrinsic ``tile(a, a_start, lda, b, panel_start, ldb, out, out_start,
-    ldo, depth)``: out's ``rows`` x panel tile at ``out_start`` (rows ``ldo``
-    apart) = a's ``rows`` x ``depth`` block at ``a_start`` (rows ``lda`` apart)
-    @ b's ``depth`` x panel block at ``panel_start`` (rows ``ldb`` apart); every
-    start and distance counted in items."""
+def _tile_kernel(rows, panels=1):
+    """An intrinsic ``tile(a, a_start, lda, b, panel_start, panel_step, ldb, out,
+    out_start, ldo, depth)``: out's ``rows`` x ``panels`` panels tile at
+    ``out_start`` (rows ``ldo`` apart) = a's ``rows`` x ``depth`` block at
+    ``a_start`` (rows ``lda`` apart) @ b's ``depth`` x panel blocks, the first
+    at ``panel_start``, the next ``panel_step`` after it, and so on (rows
+    ``ldb`` apart); every start and distance counted in items."""
     # A tile of few rows has few sums, each a chain of dependent multiply-adds
     # whose latency would bound the loop: it keeps 2 or 4 sets of sums, each for
     # every 2nd or 4th k, so that 8 sums or more are under way (one row by 128 x
     # 512: 7.5 us with one set, as against 4.3 us in BLAS's gemv).
-    chains = -(-8 // (2 * rows))
+    chains = -(-8 // (2 * rows * panels))
 
     @intrinsic
-    def tile(typingctx, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
+    def tile(typingctx, a, a_start, lda, b, panel_start, panel_step, ldb, out, out_start, ldo,
+             depth):
         # any mix of the two float types compiles; _check refuses one at run time
         if not all(isinstance(x, types.Array) and x.dtype in (types.float32, types.float64)
                    for x in (a, b, out)):
             return None
         index = types.intp
-        sig = types.void(a, index, index, b, index, index, out, index, index, index)
+        sig = types.void(a, index, index, b, index, index, index, out, index, index, index)
 
         def codegen(context, builder, signature, args):
-            a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth = args
+            a, a_start, lda, b, panel_start, panel_step, ldb, out, out_start, ldo, depth = args
 
             scalar = context.get_value_type(signature.args[0].dtype)
 
@@ -85,7 +87,7 @@ def _tile_kernel(rows):
                 return builder.gep(data, [start])
 
             a_at, panel_at, out_at = (pointer(0, a, a_start), pointer(3, b, panel_start),
-                                      pointer(6, out, out_start))
+                                      pointer(7, out, out_start))
             itemsize = context.get_abi_sizeof(scalar)
             width = VECTOR_BYTES // itemsize
             vector = ir.VectorType(scalar, width)
@@ -106,23 +108,27 @@ def _tile_kernel(rows):
             def constant(value):
                 return ir.Constant(intp, value)
 
-            # allocas in the entry block: LLVM keeps them in registers
+            # allocas in the entry block: LLVM keeps them in registers; two
+            # vectors of sums for each row of each panel
             sums = [[[cgutils.alloca_once_value(builder, ir.Constant(vector, None))
-                      for _ in range(2)] for _ in range(rows)] for _ in range(chains)]
+                      for _ in range(2 * panels)] for _ in range(rows)] for _ in range(chains)]
+            # where each panel's vectors lie, from the first panel's row
+            vector_starts = [builder.add(builder.mul(constant(p), panel_step), constant(h * width))
+                             for p in range(panels) for h in range(2)]
 
             def step(k, chain):
-                """sums[chain] += a's column k times the panel's row k"""
+                """sums[chain] += a's column k times the panels' row k"""
                 row_at = builder.mul(k, ldb)
-                panel = [builder.load(vector_at(panel_at, row_at, constant(h * width)),
-                                      align=itemsize) for h in range(2)]
+                panel = [builder.load(vector_at(panel_at, row_at, start), align=itemsize)
+                         for start in vector_starts]
                 for r in range(rows):
                     value = builder.load(at(a_at, builder.mul(constant(r), lda), k))
                     broadcast = builder.shuffle_vector(
                         builder.insert_element(undefined, value, ir.Constant(ir.IntType(32), 0)),
                         undefined, splat)
-                    for h in range(2):
+                    for h, loaded in enumerate(panel):
                         total = sums[chain][r][h]
-                        builder.store(builder.call(fmuladd, [broadcast, panel[h],
+                        builder.store(builder.call(fmuladd, [broadcast, loaded,
                                                              builder.load(total)]), total)
 
             # k in groups of ``chains``, each into its own sums, then what is left
@@ -134,7 +140,7 @@ def _tile_kernel(rows):
             with cgutils.for_range_slice(builder, whole, depth, constant(1), intp) as (k, _):
                 step(k, 0)
             for r in range(rows):
-                for h in range(2):
+                for h in range(2 * panels):
                     total = builder.load(sums[0][r][h])
                     for chain in range(1, chains):
                         total = builder.fadd(total, builder.load(sums[chain][r][h]))
@@ -148,6 +154,15 @@ def _tile_kernel(rows):
 
 
 _tile1, _tile2, _tile3, _tile4, _tile5, _tile6 = (_tile_kernel(r) for r in range(1, TILE_ROWS + 1))
+# A one-row tile multiplies each vector of the panel it loads once, so the
+# load of a's value beside two of the panel's bound its loop (on Zen's two
+# loads a cycle): one row by four panels loads 8 vectors a value.  Measured
+# on one core of a 2-core AMD EPYC (Zen, AVX2), 1 x 784 by 784 x 512 in
+# 23.8 us against 31.2 with one panel; 1 x 512 by 512 x 512 in 16.0 against
+# 20.8.  More rows multiply each vector several times, bound by the
+# multiply-adds instead.
+ONE_ROW_PANELS = 4
+_tile_one_row = _tile_kernel(1, ONE_ROW_PANELS)
 
 _JIT = {"error_model": "numpy", "nogil": True}
 # The rows of the left operand multiplied by every panel in turn: 48 rows of
@@ -182,17 +197,17 @@ def pack(b, transpose_b):
 @njit_cached(**_JIT)
 def _tile(rows, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
     if rows == 6:
-        _tile6(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile6(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
     elif rows == 5:
-        _tile5(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile5(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
     elif rows == 4:
-        _tile4(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile4(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
     elif rows == 3:
-        _tile3(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile3(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
     elif rows == 2:
-        _tile2(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile2(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
     else:
-        _tile1(a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth)
+        _tile1(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
 
 
 @njit_cached(**_JIT)
@@ -221,7 +236,13 @@ def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
     full = n // width
     for block in range(0, m, _BLOCK_ROWS):
         end = min(m, block + _BLOCK_ROWS)
-        for j in range(full):
+        first = 0
+        if end - block == 1:  # a single row: ONE_ROW_PANELS panels at a time
+            first = full // ONE_ROW_PANELS * ONE_ROW_PANELS
+            for j in range(0, first, ONE_ROW_PANELS):
+                _tile_one_row(a, block * lda, lda, b, j * panel_step, panel_step, ldb, out,
+                              block * ldo + j * width, ldo, k)
+        for j in range(first, full):
             for i in range(block, end, TILE_ROWS):
                 _tile(min(TILE_ROWS, end - i), a, i * lda, lda, b, j * panel_step, ldb, out,
                       i * ldo + j * width, ldo, k)

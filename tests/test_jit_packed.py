@@ -20,6 +20,9 @@ def definition(a, b):
 @pytest.mark.parametrize("m, k, n", [
     (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
     (packed.TILE_ROWS * 9 + 4, 3, 5),  # more rows than one block of them
+    # one row: ONE_ROW_PANELS panels at a time, then one by one, then a narrow one
+    (1, 11, 5 * WIDTH32 + 3), (1, 6, 4 * WIDTH32),
+    (packed.TILE_ROWS * 8 + 1, 3, 4 * WIDTH32 + 1),  # a last block of one row
     (4, 0, 6), (0, 4, 6), (4, 5, 0)])  # empty operands
 def test_matmul_packed_matches_the_definition(dtype, transpose_b, m, k, n):
     rng = np.random.default_rng(m * 100 + k * 10 + n)
@@ -37,7 +40,7 @@ def test_matmul_packed_matches_the_definition(dtype, transpose_b, m, k, n):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("m, k, n", [
     (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
-    (4, 0, 6), (0, 4, 6), (4, 5, 0)])
+    (1, 11, 5 * WIDTH32 + 3), (4, 0, 6), (0, 4, 6), (4, 5, 0)])
 def test_matmul_in_place_matches_the_definition(dtype, m, k, n):
     # b's rows further apart than their length: a view of a wider array
     rng = np.random.default_rng(m * 100 + k * 10 + n)
@@ -100,7 +103,7 @@ def test_products_reject_what_does_not_match():
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("m, k, n", [
     (1, 9, 1), (1, 7, WIDTH32), (3, 5, 2 * WIDTH32 + 1), (2, 4, 5 * WIDTH32 - 3),
-    (4, 0, 6), (0, 4, 6), (4, 5, 0)])
+    (1, 6, 9 * WIDTH32 + 2), (4, 0, 6), (0, 4, 6), (4, 5, 0)])
 def test_matmul_packed_in_parts_matches_the_definition(monkeypatch, threads, dtype, m, k, n):
     """The panels split between 1, 2 or 3 parts (3 run one after another on 2
     threads), a last part of fewer panels, or of a narrow last panel."""

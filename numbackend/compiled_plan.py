@@ -24,7 +24,7 @@ import numpy as np
 
 from jit_kernels import blas
 
-from . import codegen
+from . import codegen, graph
 from .ops import is_float_matrix_product
 
 # of float32 or float64 matrices; the second with its right operand packed
@@ -32,7 +32,7 @@ from .ops import is_float_matrix_product
 _PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
 
 # the generated module's first lines
-HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed",
+HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
 # after it, in a whole call running convolutions (see _conv_lines)
 CONV_HEADER = ["from jit_kernels import conv", ""]
@@ -47,8 +47,9 @@ the lines that pack the right operands of products and those that compute
 products over all steps (to run before ``lines``; see :func:`render`), and
 for a whole call, {name: value} of the constants that its convolutions and
 products by weights read besides (see :func:`_conv_lines` and
-:func:`_weights_product_lines`), and {name: a callable giving the value} of
-the arguments it takes besides, worked out anew for each call."""
+:func:`_weights_product_lines`), and {name: (variable, function)} of the
+arguments it takes besides, each the function of the variable's value,
+worked out again where the value is another array."""
 
 
 def render(plan, packable=(), sliced=None, whole_call=False):
@@ -141,42 +142,40 @@ def _conv_lines(node, ins, out, pool, constants):
 
 
 def _weights_product_lines(node, ins, out, weights, constants, arguments):
-    """The lines of a product by the value of the variable ``weights`` as the
-    plan runs it (numbackend.compiler._ProductByWeights): with few rows, by
-    its panels packed once per value and split between BLAS's threads, adding
-    the part's address to ``constants`` and the panels to ``arguments``; None
-    where the plan runs it through BLAS alone."""
+    """The lines of a product by the value of the variable ``weights``: with few
+    rows, by its panels packed once per value (adding them to ``arguments``; a
+    variable's value is replaced, never written in place, as _ProductByWeights
+    relies on too), split between BLAS's threads where the weights are many
+    (adding the part's address to ``constants``), else through BLAS; None
+    where the plan runs it through BLAS alone.  Small weights too: BLAS took
+    2.4 us of the W3 MLP's whole call for its 1 x 512 by 512 x 10 product, and
+    the panels 0.8 us."""
     from jit_kernels import packed, parts
 
     from .compiler import PACKED_WEIGHTS_MAX_ROWS, PACKED_WEIGHTS_MIN_ITEMS, _multiplies_weights
-    if (weights is None or not _multiplies_weights(node) or not compiles_product(node)
-            or math.prod(weights.shape) < PACKED_WEIGHTS_MIN_ITEMS or not parts.pool_from_compiled()):
+    if weights is None or not _multiplies_weights(node) or not compiles_product(node):
+        return None
+    in_parts = math.prod(weights.shape) >= PACKED_WEIGHTS_MIN_ITEMS
+    if in_parts and not parts.pool_from_compiled():
         return None
     k = len(arguments)
-    arguments[f"weights_panels{k}"] = _PackedValue(weights)
-    constants[f"weights_part{k}"] = packed.product_parts[np.dtype(node.dtype).itemsize]()[0]
+    arguments[f"weights_panels{k}"] = (weights, _panels)
+    if in_parts:
+        constants[f"weights_part{k}"] = packed.product_parts[np.dtype(node.dtype).itemsize]()[0]
+        product = f"packed.matmul_packed_from_compiled({ins[0]}, weights_panels{k}, {out}, weights_part{k})"
+    else:
+        product = f"packed.matmul_packed({ins[0]}, weights_panels{k}, {out})"
     return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
             f"if {ins[0]}.shape[0] <= {PACKED_WEIGHTS_MAX_ROWS}:",
-            f"    packed.matmul_packed_from_compiled({ins[0]}, weights_panels{k}, {out}, weights_part{k})",
+            f"    {product}",
             "else:",
             f"    {_PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]
 
 
-class _PackedValue:
-    """``()``: a variable's value packed by jit_kernels.packed.pack, packed again
-    only where the value is another array (a variable's value is replaced,
-    never written in place, as _ProductByWeights relies on too)."""
-
-    def __init__(self, variable):
-        self.variable = variable
-        self.packing = None  # (weak reference to the value packed, its panels)
-
-    def __call__(self):
-        value, packing = self.variable.value, self.packing
-        if packing is None or packing[0]() is not value:
-            from jit_kernels import packed
-            packing = self.packing = (weakref.ref(value), packed.pack(value, False))
-        return packing[1]
+def _panels(weights):
+    """The panels of jit_kernels.packed of a product's right operand ``weights``."""
+    from jit_kernels import packed
+    return packed.pack(weights, False)
 
 
 def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):
@@ -225,17 +224,37 @@ def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hois
 class Call:
     """``run(*placeholder_arrays)``: the plan's results from one compiled call, or
     None where the plan must run from Python (run-time shapes that broadcast
-    unlike a kernel's compiled pattern, or that a product refuses: the plan's
-    own steps then say what is wrong)."""
+    unlike a kernel's compiled pattern, or that a product refuses, or values
+    of other shapes than the variables': the plan's own steps then say what is
+    wrong).
 
-    def __init__(self, source, constants, variables, arguments=(), lock=None):
+    The call takes the placeholders' arrays and the int64 addresses of the
+    arrays it reads besides (``held``: :class:`_Held`, in the order of the
+    source's ``addresses``; a scalar is an array of one item).  The addresses
+    are read again only where a variable's value has been replaced since the
+    last call (graph.values_version): each array argument of a Numba function
+    costs about 0.15 us to pass, and the W3 MLP's whole call read nine besides
+    its four scalars.  The arrays stay referenced until the addresses are
+    read again."""
+
+    def __init__(self, source, held, lock=None):
         self.source = source
-        self.constants = constants
-        self.variables = variables
-        self.arguments = arguments  # callables giving the last arguments, on each call
+        self.held = held
         self.lock = lock  # held while the call runs, where it runs parts on BLAS's threads
         self._function = None
         self._compiles = True
+        self._read = (None, (), None)  # (values_version, the arrays, their addresses)
+
+    def _read_addresses(self):
+        version = graph.values_version
+        arrays = tuple(h.array() for h in self.held)
+        addresses = np.array([a.__array_interface__["data"][0] for a in arrays], np.int64)
+        self._read = (version, arrays, addresses)
+        return self._read
+
+    def forget(self):
+        """Drop the references to the arrays of the last call (read again on the next)."""
+        self._read = (None, (), None)
 
     def run(self, *arrays):
         if not self._compiles:
@@ -243,13 +262,13 @@ class Call:
         try:
             if self._function is None:
                 self._function = codegen.load_kernel(self.source).call
-            values = [v.value for v in self.variables]
-            for argument in self.arguments:
-                values.append(argument())
+            read = self._read  # one read: another thread may replace it
+            if read[0] != graph.values_version:
+                read = self._read_addresses()
             if self.lock is None:
-                return self._function(*arrays, *values, *self.constants)
+                return self._function(*arrays, read[2])
             with self.lock:
-                return self._function(*arrays, *values, *self.constants)
+                return self._function(*arrays, read[2])
         except numba.core.errors.NumbaError as exc:
             warnings.warn("function: the plan did not compile as one call, so it runs from "
                           f"Python ({type(exc).__name__}: {str(exc)[:200]})", stacklevel=3)
@@ -259,25 +278,67 @@ class Call:
             return None
 
 
+class _Held:
+    """An array a whole call reads through its address: a constant (a scalar
+    as an array of one item, read as its item), a variable's value, or
+    ``function`` of it (worked out again only where the value is another
+    array).  ``shape`` and ``dtype`` are those the call's source gives it;
+    ``array()`` raises ValueError where a value has others."""
+
+    def __init__(self, name, shape, dtype, constant=None, variable=None, function=None):
+        self.name, self.shape, self.dtype = name, tuple(shape), np.dtype(dtype)
+        self.constant, self.variable, self.function = constant, variable, function
+        self._result = None  # (weak reference to the value, function of it)
+
+    def array(self):
+        if self.variable is None:
+            return self.constant
+        value = self.variable.value
+        if self.function is not None:
+            result = self._result
+            if result is None or result[0]() is not value:
+                result = self._result = (weakref.ref(value), self.function(value))
+            value = result[1]
+        if value.shape != self.shape or value.dtype != self.dtype:
+            raise ValueError(f"{self.name}: an array of {value.shape} {value.dtype}, compiled "
+                             f"for {self.shape} {self.dtype}")
+        return np.ascontiguousarray(value)
+
+    def line(self, index, scalar=False):
+        """The source line binding the array (or its ``scalar`` item) to its name."""
+        dtype = "bool_" if self.dtype == np.bool_ else self.dtype.name
+        shape = tuple(int(d) for d in self.shape)
+        item = "[0]" if scalar else ""
+        return f"{self.name} = parts.array_at(addresses[{index}], {shape!r}, np.{dtype}){item}"
+
+
 def compile_call(plan):
     """The plan as one :class:`Call`, or None where a step has no compiled form."""
     rendered = render(plan, whole_call=True)
     if rendered is None or any(p.ndim == 0 for p in plan.placeholders) or any(
             t.ndim == 0 for t in plan.targets):
         return None  # a scalar is a NumPy scalar in the plan, not an array
-    variable_names = [name for _, name in rendered.variables]
-    params = [f"p{i}" for i in range(len(plan.placeholders))] + variable_names
+    held = [_Held(name, v.shape, v.dtype, variable=v) for v, name in rendered.variables]
+    for name, (variable, function) in rendered.call_arguments.items():
+        result = function(variable.value)  # its shape and type, as the source gives them
+        held.append(_Held(name, result.shape, result.dtype, variable=variable, function=function))
+    scalars = set()
+    constants = {c: plan.constants[c] for c in rendered.constant_names}
+    for name, value in {**constants, **rendered.call_constants}.items():
+        if not isinstance(value, np.ndarray):
+            # a Python or NumPy scalar: its item, of the type Numba gives it
+            value = np.asarray(value).reshape(1)
+            scalars.add(name)
+        held.append(_Held(name, value.shape, value.dtype, constant=np.ascontiguousarray(value)))
+    params = [f"p{i}" for i in range(len(plan.placeholders))] + ["addresses"]
     results = [name if new else f"{name}.copy()"  # the caller owns what it gets
                for name, new in zip(plan.result_names, plan.result_fresh)]
-    constants, arguments = rendered.call_constants, rendered.call_arguments
-    params += list(arguments) + rendered.constant_names + list(constants)
-    runs_convs = any(c.startswith("conv_") for c in constants)
+    runs_convs = any(c.startswith("conv_") for c in rendered.call_constants)
     lines = HEADER + (CONV_HEADER if runs_convs else []) + rendered.kernel_lines
     lines += ["", "", "@njit_cached(nogil=True)", f"def call({', '.join(params)}):"]
+    lines += ["    " + h.line(i, h.name in scalars) for i, h in enumerate(held)]
     lines += ["    " + line for line in rendered.lines]
     lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     # parts on BLAS's threads (jit_kernels.parts.run_compiled) run under its lock
-    runs_parts = any(c.startswith(("conv_part", "weights_part")) for c in constants)
-    return Call("\n".join(lines) + "\n", [plan.constants[c] for c in rendered.constant_names]
-                + list(constants.values()), [v for v, _ in rendered.variables], list(arguments.values()),
-                blas._parts_lock if runs_parts else None)
+    runs_parts = any(c.startswith(("conv_part", "weights_part")) for c in rendered.call_constants)
+    return Call("\n".join(lines) + "\n", held, blas._parts_lock if runs_parts else None)

@@ -1022,12 +1022,13 @@ class Function:
         if self._defaults:
             arrays += self._defaults
         results = None
-        if self._one_call is not False:
+        one_call = self._one_call
+        if one_call is not False:
             size = 0
             for a in arrays:
                 size += a.size
             if size <= ONE_CALL_MAX_ELEMENTS:
-                results = self._run_one_call(arrays)
+                results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
         if results is None:
             results = self.plan.run(*arrays)
         n = len(self.outputs)
@@ -1040,20 +1041,20 @@ class Function:
                                      "no variable was changed")
             for var, value in zip(self.update_vars, new_values):
                 var.value = value
+            if self._one_call:
+                self._one_call.forget()  # the values it read are replaced: hold them no longer
         return results[0] if self.single_output else list(results[:n])
 
-    def _run_one_call(self, arrays):
-        """The results from the plan compiled as one call, or None where the plan
-        runs instead (not yet called often enough, or not compiled)."""
-        if self._one_call is None:
-            self._small_calls += 1
-            if self._small_calls < ONE_CALL_AFTER:
-                return None
-            from .compiled_plan import compile_call
-            self._one_call = compile_call(self.plan) or False
-            if not self._one_call:
-                return None
-        return self._one_call.run(*arrays)
+    def _count_small_call(self, arrays):
+        """The results from the plan compiled as one call once called with small
+        inputs ONE_CALL_AFTER times; None where the plan runs instead (not yet
+        called often enough, or not compiled)."""
+        self._small_calls += 1
+        if self._small_calls < ONE_CALL_AFTER:
+            return None
+        from .compiled_plan import compile_call
+        self._one_call = compile_call(self.plan) or False
+        return self._one_call.run(*arrays) if self._one_call else None
 
     def explain(self):
         """The compiled plan, one line per step."""

@@ -160,14 +160,31 @@ class Placeholder(Tensor):
         self.default = default  # used when the function is called without feeding it
 
 
+# How many times any variable's value has been replaced: what a compiled
+# whole call read of the values stays valid while it is the same (see
+# compiled_plan.Call).
+values_version = 0
+
+
 class Variable(Tensor):
-    """A tensor holding a mutable NumPy value."""
+    """A tensor holding a mutable NumPy value.  The value is replaced, never
+    written in place: ``value = array`` and :meth:`assign` store new arrays."""
 
     def __init__(self, value, dtype, name=None, constraint=None):
         value = np.array(value, dtype=dtype, copy=True, order="C")
         super().__init__("variable", (), {}, value.shape, dtype, name)
         self.value = value
         self.constraint = constraint
+
+    @property
+    def value(self):
+        return self._value
+
+    @value.setter
+    def value(self, value):
+        global values_version
+        self._value = value
+        values_version += 1
 
     def assign(self, value, where="set_value"):
         value = np.asarray(value)

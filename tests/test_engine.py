@@ -1,9 +1,11 @@
 """The engine itself: fusion, common sub-expressions, constant folding, the plan,
 the kernel cache across processes, call-boundary checks and update atomicity."""
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import weakref
 
 import numpy as np
 import pytest
@@ -590,6 +592,44 @@ def test_a_small_mlp_called_often_runs_as_one_call(plan_runs):
                                    rtol=1e-12, atol=1e-15)
     assert runs[0] == 1  # the first call only
     assert "one compiled call" in f.explain()
+
+
+@needs_blas
+def test_one_call_reads_values_replaced_between_calls(plan_runs):
+    """A variable's value set anew, in Fortran order too, is what the next whole
+    call reads (it reads the values' addresses again); after a call whose
+    updates replace a value, the call holds the value it read no longer."""
+    rng = np.random.default_rng(3)
+    w = K.variable(rng.standard_normal((6, 5)), dtype="float64")
+    x = K.placeholder((None, 6), dtype="float64")
+    f = K.function([x], [numbackend.dot(x, w) * 2.0])
+    runs = plan_runs(f)
+    few, many = rng.standard_normal((2, 6)), rng.standard_normal((compiler.PACKED_WEIGHTS_MAX_ROWS + 1, 6))
+    for _ in range(2):
+        np.testing.assert_allclose(f([few])[0], 2 * few @ K.get_value(w), rtol=1e-12)
+    fortran = rng.standard_normal((5, 6)).T
+    w.value = fortran
+    for xv in (few, many):  # its panels, and the value itself
+        np.testing.assert_allclose(f([xv])[0], 2 * xv @ fortran, rtol=1e-12)
+    K.set_value(w, 3 * fortran)
+    for xv in (few, many):
+        np.testing.assert_allclose(f([xv])[0], 6 * xv @ fortran, rtol=1e-12)
+    assert runs[0] == 1
+    wider = rng.standard_normal((6, 7))
+    w.value = wider  # not through set_value: the call was compiled for 6 x 5, the plan runs
+    np.testing.assert_allclose(f([few])[0], 2 * few @ wider, rtol=1e-12)
+    assert runs[0] == 2
+
+    v = K.variable(np.ones(3), dtype="float64")
+    y = K.placeholder((3,), dtype="float64")
+    g = K.function([y], [y * v], updates=[(v, v + 1.0)])
+    runs = plan_runs(g)
+    for n in range(1, 4):
+        before = weakref.ref(v.value)
+        np.testing.assert_array_equal(g([np.ones(3)])[0], [n] * 3)
+        gc.collect()
+        assert before() is None
+    assert runs[0] == 1
 
 
 @needs_blas

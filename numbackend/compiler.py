@@ -1031,18 +1031,19 @@ class Function:
                 results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
         if results is None:
             results = self.plan.run(*arrays)
+        if not self.update_vars:
+            return results[0] if self.single_output else list(results)
         n = len(self.outputs)
-        if self.update_vars:
-            new_values = results[n:]
-            for var, value in zip(self.update_vars, new_values):
-                if value.shape != var.shape:
-                    raise ValueError(f"function: update of variable {var.name!r} of shape "
-                                     f"{var.shape} computed a value of shape {value.shape}; "
-                                     "no variable was changed")
-            for var, value in zip(self.update_vars, new_values):
-                var.value = value
-            if self._one_call:
-                self._one_call.forget()  # the values it read are replaced: hold them no longer
+        new_values = results[n:]
+        for var, value in zip(self.update_vars, new_values):
+            if value.shape != var.shape:
+                raise ValueError(f"function: update of variable {var.name!r} of shape "
+                                 f"{var.shape} computed a value of shape {value.shape}; "
+                                 "no variable was changed")
+        for var, value in zip(self.update_vars, new_values):
+            var.value = value
+        if self._one_call:
+            self._one_call.forget()  # the values it read are replaced: hold them no longer
         return results[0] if self.single_output else list(results[:n])
 
     def _count_small_call(self, arrays):

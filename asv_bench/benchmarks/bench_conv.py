@@ -6,7 +6,17 @@ import numpy as np
 import numbackend as K
 from numbackend.compiler import ONE_CALL_AFTER, PACKED_WEIGHTS_AFTER
 
-from .common import F32, cnn_function, cnn_graph, cnn_inputs, cnn_numpy, cnn_weights, ratio, rng
+from .common import (
+    F32,
+    cnn_function,
+    cnn_graph,
+    cnn_inputs,
+    cnn_numpy,
+    cnn_weights,
+    ratio,
+    rng,
+    setup_once,
+)
 
 LEARNING_RATE = 0.01
 
@@ -21,6 +31,7 @@ class W4MnistCnn:
     # (batch 1) the whole compiled call: about 55 s on the 2-core VM
     timeout = 300
 
+    @setup_once
     def setup(self, batch):
         self.weights = cnn_weights()
         self.x = cnn_inputs(batch)
@@ -65,6 +76,7 @@ class W4MnistCnnTrainingStep:
     """One SGD step of the mnist_cnn network on a batch of 64, and its time over the
     forward pass (inference) of the same batch, both measured in this run."""
 
+    @setup_once
     def setup(self):
         weights = cnn_weights()
         self.x, self.y = cnn_batch(64)

@@ -13,6 +13,7 @@ from .common import (
     mlp_weights,
     ratio,
     rng,
+    setup_once,
     softmax_numpy,
     w1_function,
     w1_inputs,
@@ -24,6 +25,7 @@ from .common import (
 class W1ElementwiseChain:
     """tanh(a*b + c) * sigmoid(a - c) + 0.5*b*b on three 1024x4096 inputs."""
 
+    @setup_once
     def setup(self):
         self.inputs = w1_inputs()
         self.fn = w1_function(K)
@@ -44,6 +46,7 @@ class W1ElementwiseChain:
 class W2aSoftmax:
     """Row softmax, 4096x1000."""
 
+    @setup_once
     def setup(self):
         self.x = rng().standard_normal((4096, 1000)).astype(F32)
         x = K.placeholder((None, 1000))
@@ -65,6 +68,7 @@ class W2aSoftmax:
 class W2bDenseRelu:
     """relu(x @ W + b), x 256x1024, W 1024x1024."""
 
+    @setup_once
     def setup(self):
         r = rng()
         self.x = r.standard_normal((256, 1024)).astype(F32)
@@ -95,6 +99,7 @@ class W3Mlp:
     params = (1, 256)
     param_names = ("batch",)
 
+    @setup_once
     def setup(self, batch):
         self.weights = mlp_weights()
         self.x = rng().standard_normal((batch, 784)).astype(F32)

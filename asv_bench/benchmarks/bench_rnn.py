@@ -6,7 +6,7 @@ import numpy as np
 
 import numbackend as K
 
-from .common import F32, ratio, rng
+from .common import F32, ratio, rng, setup_once
 
 BATCH, STEPS, INPUTS, UNITS = 32, 100, 64, 128
 LEARNING_RATE = 0.01
@@ -62,6 +62,7 @@ def lstm_numpy(x, kernel, recurrent, bias):
 class W5LSTMInference:
     """LSTM, batch 32, 100 steps, 64 inputs -> 128 units, last output."""
 
+    @setup_once
     def setup(self):
         self.x = lstm_inputs()
         self.weights = lstm_weights()
@@ -97,6 +98,7 @@ def lstm_training_step():
 class LSTMTrainingStep:
     """The W5 LSTM's training step (forward, BPTT, SGD update), next to its forward time."""
 
+    @setup_once
     def setup(self):
         self.x = lstm_inputs()
         self.target = rng().standard_normal((BATCH, UNITS)).astype(F32) * F32(0.1)

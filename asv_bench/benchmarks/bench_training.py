@@ -8,7 +8,7 @@ import numpy as np
 
 import numbackend as K
 
-from .common import F32, cold_cache_run, mlp_weights, ratio, rng, warm_cache_run
+from .common import F32, cold_cache_run, mlp_weights, ratio, rng, setup_once, warm_cache_run
 
 LEARNING_RATE = 0.01
 
@@ -62,6 +62,7 @@ def w7_numpy_step(weights, lr=LEARNING_RATE):
 class W7TrainingStep:
     """One SGD step of the 784-512-512-10 MLP on a batch of 128."""
 
+    @setup_once
     def setup(self):
         self.x, self.y = w7_batch()
         weights = mlp_weights()

@@ -20,7 +20,7 @@ import llvmlite.binding as llvm
 import numpy as np
 from numba import types
 
-from . import njit_cached
+from . import fork_gate, njit_cached
 
 # The CBLAS names of NumPy's OpenBLAS builds with 64-bit integers (ILP64):
 # NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.
@@ -140,12 +140,16 @@ def run_parts(count, part):
                          f"{threads()} BLAS threads")
     global _job
     results, errors = [None] * count, [None] * count
-    with _parts_lock, _one_thread():
-        _job = (part, results, errors)
-        try:
-            _run_on_pool(count, _run_job_address, None, 1)
-        finally:
-            _job = None
+    fork_gate.enter()
+    try:
+        with _parts_lock, _one_thread():
+            _job = (part, results, errors)
+            try:
+                _run_on_pool(count, _run_job_address, None, 1)
+            finally:
+                _job = None
+    finally:
+        fork_gate.leave()
     for exc in errors:
         if exc is not None:
             raise exc

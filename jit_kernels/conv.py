@@ -36,7 +36,7 @@ from collections import namedtuple
 import numpy as np
 from numba import prange
 
-from . import blas, njit_cached, njit_cached_twins, packed, parts
+from . import blas, njit_cached, njit_cached_twins, packed, parallel_ok, parts
 from .reduce import maximum
 
 _JIT = {'error_model': 'numpy', 'nogil': True}
@@ -221,7 +221,7 @@ def _float_arrays(*arrays):
 def _launch(kernel, work, *args):
     """Call a kernel of :func:`njit_cached_twins`: its serial twin when ``work``
     (elements touched) is below :data:`PARALLEL_MIN_WORK`."""
-    if work >= PARALLEL_MIN_WORK:
+    if work >= PARALLEL_MIN_WORK and parallel_ok():
         return kernel(*args)
     return kernel.serial(*args)
 

@@ -33,7 +33,7 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import njit_cached
+from . import njit_cached, njit_cached_twins, parallel_ok
 
 _NEG_INF = -np.inf
 
@@ -386,7 +386,7 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     return -log_prob
 
 
-@njit_cached(parallel=True, error_model="numpy")
+@njit_cached_twins(error_model="numpy")
 def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                      compute_grad, loss, grad):
     """loss[r] (and grad[r] when compute_grad) for each label row r.
@@ -460,9 +460,14 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
     loss = np.empty(batch, dtype=logits.dtype)
     grad_shape = logits.shape if compute_grad else (batch, 0, 0)  # (batch, 0, 0): unused
     grad = np.empty(grad_shape, dtype=logits.dtype)
-    _ctc_loss_kernel(logits, np.arange(batch, dtype=np.int64), labels, label_lengths,
-                     input_lengths, compute_grad, loss, grad)
+    _ctc_loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, label_lengths,
+                                input_lengths, compute_grad, loss, grad)
     return loss, (grad if compute_grad else None)
+
+
+def _ctc_loss_kernel_for_here():
+    """The parallel loss kernel, or its serial twin where Numba's threads cannot run."""
+    return _ctc_loss_kernel if parallel_ok() else _ctc_loss_kernel.serial
 
 
 # ---------------------------------------------------------------------------
@@ -850,7 +855,7 @@ def ctc_dictionary_decode(logits, input_lengths, dict_seq_lens, dict_values, bea
     # One kernel row per (sample, entry) pair; the loss kernel's signature
     # (loss in the logits' dtype) is reused.
     loss = np.empty(batch * n_words, dtype=logits.dtype)
-    _ctc_loss_kernel(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
+    _ctc_loss_kernel_for_here()(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
                      np.tile(word_labels, (batch, 1)), np.tile(word_lengths, batch),
                      input_lengths, False, loss, np.empty((len(loss), 0, 0), dtype=logits.dtype))
     word_log_probs = -loss.reshape(batch, n_words)

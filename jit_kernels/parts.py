@@ -20,7 +20,7 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import _LoadWithoutRegistries, blas, njit_cached
+from . import _LoadWithoutRegistries, blas, fork_gate, njit_cached
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
 
@@ -92,8 +92,12 @@ def run(part, descriptors):
     descriptors = np.ascontiguousarray(descriptors, np.int64)
     count = descriptors.shape[0]
     if 1 < count <= blas.threads():
-        with blas._parts_lock:  # one job on the pool at a time, as run_parts
-            blas._run_on_pool(count, address, descriptors.ctypes.data, descriptors.strides[0])
+        fork_gate.enter()
+        try:
+            with blas._parts_lock:  # one job on the pool at a time, as run_parts
+                blas._run_on_pool(count, address, descriptors.ctypes.data, descriptors.strides[0])
+        finally:
+            fork_gate.leave()
         return
     for i in range(count):
         function(descriptors[i].ctypes.data)

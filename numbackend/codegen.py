@@ -32,7 +32,7 @@ import tempfile
 from . import ops as _ops
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 10
+CODEGEN_VERSION = 11
 # Row loops with per-row buffers run in at most this many blocks of rows, so each
 # block allocates its buffers once (an allocation per row cost about 15% of a softmax).
 _ROW_BLOCKS = 64
@@ -176,7 +176,7 @@ def generate_source(spec, into=False):
     text = "\n".join(body)
     emit("import numpy as np")
     emit("from numba import prange")
-    emit("from jit_kernels import njit_cached")
+    emit("from jit_kernels import njit_cached, parallel_ok")
     if into:
         emit("from jit_kernels import parts")
     if "vm." in text:
@@ -299,7 +299,7 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
     if serial:
         emit(f"kernel_ser({', '.join(args)})")
     else:
-        emit(f"if R * C * {work_per_element(spec)} >= {PARALLEL_MIN_WORK}:")
+        emit(f"if R * C * {work_per_element(spec)} >= {PARALLEL_MIN_WORK} and parallel_ok():")
         emit(f"    kernel_par({', '.join(args)})")
         emit("else:")
         emit(f"    kernel_ser({', '.join(args)})")

@@ -1019,6 +1019,16 @@ class Function:
 
     def __call__(self, values=()):
         arrays = self._check(values)
+        # A fork waits for calls under way: OpenBLAS's pool does not survive one
+        # made while a product runs on it (see jit_kernels.fork).
+        gate = _fork_gate()
+        gate.enter()
+        try:
+            return self._run(arrays)
+        finally:
+            gate.leave()
+
+    def _run(self, arrays):
         if self._defaults:
             arrays += self._defaults
         results = None
@@ -1068,6 +1078,13 @@ class Function:
     def kernel_sources(self):
         """The generated source of each kernel the plan calls."""
         return [k.SOURCE for k in self.plan.kernels]
+
+
+@functools.cache
+def _fork_gate():
+    # jit_kernels is loaded on a function's first call, not when numbackend is imported
+    from jit_kernels import fork_gate
+    return fork_gate
 
 
 def _castable(arr, dtype):

@@ -21,13 +21,18 @@ parallel one (the scan loop's cache, in the next process).
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
 hash keys the kernel in memory and on disk.  Numba caches the compiled code
-beside the source file, so a second process loads instead of compiling.
+beside the source file, so a second process loads instead of compiling.  A
+file in the cache is used only when its bytes are the source's, and the
+module always runs from the source in hand (see :func:`load_kernel`).
 """
+import contextlib
+import glob
 import hashlib
 import importlib.util
 import os
 import sys
 import tempfile
+import types
 
 from . import ops as _ops
 
@@ -489,30 +494,72 @@ def _fold_next_row_extremum(spec, j, view, loop, body):
 
 
 def load_kernel(source):
-    """The module for ``source`` (a kernel's or a scan loop's): from memory, else from
-    the cache folder (written if new)."""
+    """The module for ``source`` (a kernel's or a scan loop's): from memory, else
+    run from ``source`` with its file in the cache folder beside it for Numba's
+    cache (see :func:`_cached_file`)."""
     key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
     module = _modules.get(key)
     if module is not None:
         return module
-    folder = cache_dir()
-    path = os.path.join(folder, f"k_{key}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
-        stats["generated"] += 1
+    path = _cached_file(key, source)
     name = f"numbackend_kernels.k_{key}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    # Run from the source in hand, never from the file read back, which could have
+    # changed since it was checked (and Python's bytecode cache of it be stale).
+    module.__file__ = path
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - our own source
     module.SOURCE = source
     module.KEY = key
     _modules[key] = module
     stats["loaded"] += 1
     return module
+
+
+def _cached_file(key, source):
+    """The path of ``k_<key>.py`` in the cache folder, holding exactly ``source``:
+    the file found there, where its bytes are ``source``'s (the key is a hash of
+    ``source``: a file of other bytes is corrupt, or someone else's), else
+    written anew, with the Numba cache files of what was there deleted."""
+    data = source.encode()
+    folder = cache_dir()
+    path = os.path.join(folder, f"k_{key}.py")
+    if _holds(path, data):
+        return path
+    _write_atomically(path, data)
+    # Numba matches its cached code to a source file by a stamp of the file (its
+    # modification time and size before Numba 0.68): none of the code compiled
+    # from what the file held before may be matched with what it holds now
+    for numba_file in glob.glob(os.path.join(folder, "__pycache__", f"k_{key}.*")):
+        with contextlib.suppress(OSError):
+            os.remove(numba_file)
+    stats["generated"] += 1
+    return path
+
+
+def _holds(path, data):
+    """Whether the file at ``path`` holds exactly the bytes ``data``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
+
+
+def _write_atomically(path, data):
+    """Write the bytes ``data`` to ``path`` through a new temporary file in its folder,
+    renamed over it: a concurrent reader sees the whole file or none, concurrent
+    writers each have their own temporary file, and a failure leaves none."""
+    descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path),
+                                             prefix=f"{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with open(descriptor, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 def loaded_kernel(key):

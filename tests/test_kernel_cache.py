@@ -1,7 +1,8 @@
 """The kernel cache: entries checked against the source they were written from,
-and concurrent writers."""
+concurrent writers, and the choice of a folder no one else can write."""
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -166,3 +167,87 @@ def test_threads_writing_one_new_kernel_module_at_once(tmp_path, monkeypatch):
     x = np.linspace(-3, 3, 7)
     for module in modules:
         np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
+
+
+# --- the choice of the folder ---------------------------------------------------
+
+
+@pytest.fixture
+def temporary_folder(tmp_path, monkeypatch):
+    """The system's temporary folder, moved to a folder of this test, with
+    NUMBACKEND_CACHE_DIR naming a folder that cannot be created (under a file)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setattr(codegen.tempfile, "tempdir", str(temporary))
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
+    return temporary
+
+
+def owned_by_us_alone(folder):
+    st = os.lstat(folder)
+    return os.path.isdir(folder) and not os.path.islink(folder) and st.st_uid == os.getuid() and \
+        st.st_mode & 0o077 == 0
+
+
+def test_an_unwritable_configured_folder_is_named_in_one_warning(temporary_folder):
+    configured = os.environ["NUMBACKEND_CACHE_DIR"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = codegen.cache_dir()
+        assert codegen.cache_dir() == first
+    assert len(caught) == 1 and re.search(f"{re.escape(configured)} cannot be used", str(caught[0].message))
+    fallback = temporary_folder / f"numbackend-{os.getuid()}"
+    assert first.startswith(str(fallback) + os.sep) and owned_by_us_alone(fallback)
+    assert owned_by_us_alone(first) and owned_by_us_alone(os.path.join(first, "__pycache__"))
+
+
+def _owned_by_another_user(folder):
+    if os.getuid() != 0:
+        pytest.skip("giving a folder to another user takes root")
+    os.chown(folder, 12345, -1)
+
+
+def _writable_by_others(folder):
+    os.chmod(folder, 0o777)
+
+
+def _a_link_to_another_folder(folder):
+    target = folder + "-target"
+    os.rename(folder, target)
+    os.symlink(target, folder)
+
+
+@pytest.mark.parametrize("plant", [_owned_by_another_user, _writable_by_others, _a_link_to_another_folder],
+                         ids=["another-owner", "writable-by-others", "symbolic-link"])
+def test_a_fallback_folder_made_by_another_user_is_not_used(temporary_folder, plant):
+    # <tmp>/numbackend-<uid> is a name anyone can create first; its kernels and
+    # Numba's pickles there would run in this process
+    planted = str(temporary_folder / f"numbackend-{os.getuid()}")
+    with pytest.warns(UserWarning):
+        planted_cache = codegen.cache_dir()  # made as an attacker would, with a cache inside
+    plant(planted)
+    with pytest.warns(UserWarning, match=re.escape(planted)):
+        folder = codegen.cache_dir()
+    assert not folder.startswith(planted) and not folder.startswith(os.path.realpath(planted))
+    assert owned_by_us_alone(folder) and owned_by_us_alone(os.path.dirname(folder))
+    assert codegen.cache_dir() == folder  # one private folder for the process
+    assert os.path.basename(folder) == os.path.basename(planted_cache)
+
+
+@pytest.mark.parametrize("shared", ["folder", "__pycache__"])
+def test_a_configured_folder_others_can_write_is_not_used(tmp_path, monkeypatch, shared):
+    # Numba loads pickles from the folder's __pycache__: whoever can write there
+    # runs code in this process
+    monkeypatch.setattr(codegen.tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path / "cache"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        folder = codegen.cache_dir()
+    if shared == "__pycache__":
+        folder = os.path.join(folder, "__pycache__")
+        os.makedirs(folder, exist_ok=True)
+    os.chmod(folder, 0o777)
+    with pytest.warns(UserWarning, match=f"{re.escape(str(tmp_path / 'cache'))} cannot be used"):
+        assert not codegen.cache_dir().startswith(str(tmp_path / "cache"))

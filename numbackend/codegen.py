@@ -564,7 +564,7 @@ def _fold_next_row_extremum(spec, j, view, loop, body):
 def load_kernel(source):
     """The module for ``source`` (a kernel's or a scan loop's): from memory, else
     run from ``source`` with its file in the cache folder beside it for Numba's
-    cache (see :func:`_cached_file`)."""
+    cache (see :func:`_cached_file`); without it where it cannot be written."""
     key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
     module = _modules.get(key)
     if module is not None:
@@ -574,7 +574,8 @@ def load_kernel(source):
     module = types.ModuleType(name)
     # Run from the source in hand, never from the file read back, which could have
     # changed since it was checked (and Python's bytecode cache of it be stale).
-    module.__file__ = path
+    # A module without a file compiles without Numba's cache (jit_kernels.njit_cached).
+    module.__file__ = path or f"<numbackend kernel k_{key}>"
     sys.modules[name] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - our own source
     module.SOURCE = source
@@ -588,13 +589,24 @@ def _cached_file(key, source):
     """The path of ``k_<key>.py`` in the cache folder, holding exactly ``source``:
     the file found there, where its bytes are ``source``'s (the key is a hash of
     ``source``: a file of other bytes is corrupt, or someone else's), else
-    written anew, with the Numba cache files of what was there deleted."""
+    written anew, with the Numba cache files of what was there deleted.  None
+    (after a warning, once per folder) where the file cannot be written, as on a
+    full disk: the cache is only a saving."""
     data = source.encode()
-    folder = cache_dir()
+    try:
+        folder = cache_dir()
+    except OSError as error:
+        _warn_once(None, f"{error}; computing without a kernel cache")
+        return None
     path = os.path.join(folder, f"k_{key}.py")
     if _holds(path, data):
         return path
-    _write_atomically(path, data)
+    try:
+        _write_atomically(path, data)
+    except OSError as error:
+        _warn_once(folder, f"numbackend: cannot write to the kernel cache folder {folder} "
+                           f"({error}); computing without the cache")
+        return None
     # Numba matches its cached code to a source file by a stamp of the file (its
     # modification time and size before Numba 0.68): none of the code compiled
     # from what the file held before may be matched with what it holds now

@@ -1,5 +1,7 @@
 """The kernel cache: entries checked against the source they were written from,
-concurrent writers, and the choice of a folder no one else can write."""
+concurrent writers, the choice of a folder no one else can write, and a disk
+that cannot take more (the cache is skipped, the call computes)."""
+import errno
 import os
 import pathlib
 import re
@@ -251,3 +253,98 @@ def test_a_configured_folder_others_can_write_is_not_used(tmp_path, monkeypatch,
     os.chmod(folder, 0o777)
     with pytest.warns(UserWarning, match=f"{re.escape(str(tmp_path / 'cache'))} cannot be used"):
         assert not codegen.cache_dir().startswith(str(tmp_path / "cache"))
+
+
+# --- a full disk ----------------------------------------------------------------
+
+
+def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+    """``open``, whose files opened for writing take no byte."""
+    opened = open(file, mode, *args, **kwargs)  # noqa: SIM115 - closed by the caller, or below
+    if "r" in mode:
+        return opened
+    opened.close()
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_kernel_module_that_cannot_be_written_is_run_from_memory(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(codegen, "open", open_on_a_full_disk, raising=False)
+    source = unique_kernel_source()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        module = codegen.load_kernel(source)
+        assert codegen.load_kernel(unique_kernel_source()) is not module
+    assert len(caught) == 1 and "No space left on device" in str(caught[0].message)
+    folder = codegen.cache_dir()
+    assert os.listdir(folder) == ["__pycache__"] and os.listdir(os.path.join(folder, "__pycache__")) == []
+    x = np.linspace(-3, 3, 7)
+    np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
+
+
+def test_compiled_code_that_cannot_be_saved_is_used_unsaved(tmp_path, monkeypatch):
+    # Numba saves compiled code inside the call that compiles it
+    from numba.core import caching
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
+
+    def save_on_a_full_disk(self, key, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(caching.IndexDataCacheFile, "save", save_on_a_full_disk)
+    module = codegen.load_kernel(unique_kernel_source())
+    x = np.linspace(-3, 3, 7)
+    with pytest.warns(UserWarning, match="No space left on device"):
+        np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(module.tanh_plus_one(x[:3]), np.tanh(x[:3]) + 1)
+        np.testing.assert_allclose(module.tanh_plus_one(x.astype(np.float32)),
+                                   np.tanh(x.astype(np.float32)) + 1, rtol=1e-6)
+
+
+FULL_DISK = textwrap.dedent("""
+    import errno, os, sys, warnings
+    import numpy as np
+    import numbackend as K
+    from numba.core import caching
+    from numbackend import codegen
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        opened = open(file, mode, *args, **kwargs)
+        if "r" in mode:
+            return opened
+        opened.close()
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    def open_for_write_on_a_full_disk(self, path):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    caching.IndexDataCacheFile._open_for_write = open_for_write_on_a_full_disk
+    if sys.argv[1] == "all":
+        codegen.open = open_on_a_full_disk
+    x = np.linspace(-2, 2, 12).reshape(3, 4)
+    a = K.placeholder((None, 4), dtype="float64")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        f = K.function([a], [K.softmax(K.tanh(a) * 3.0 - 1.0)])
+        for _ in range(2):
+            e = np.exp(np.tanh(x) * 3 - 1)
+            print(np.allclose(f([x])[0], e / e.sum(-1, keepdims=True)))
+    messages = [str(w.message) for w in caught if "No space left on device" in str(w.message)]
+    print(len(messages) >= 1 and len(messages) == len(set(messages)))
+""")
+
+
+@pytest.mark.parametrize("full", ["numba", "all"])
+def test_a_full_disk_leaves_calls_computing_and_no_temporary_files(tmp_path, full):
+    # "numba": the kernel module was written, Numba's larger compiled code was not;
+    # "all": neither was
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", FULL_DISK, full], env=env, capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0, out.stderr
+    # each call computes; one warning for each folder that could not be written
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr
+    left = [name for _, _, names in os.walk(tmp_path) for name in names]
+    assert all(name.startswith("k_") and name.endswith(".py") for name in left)
+    assert len(left) >= 1 if full == "numba" else left == []

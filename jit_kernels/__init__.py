@@ -5,7 +5,9 @@ returns NumPy arrays (or fills output arrays passed in).  Kernels are compiled
 with :func:`njit_cached`, so a second process loads them from disk.
 """
 
+import os as _os
 import types as _types
+import warnings as _warnings
 
 import llvmlite.binding as _llvm
 import numba as _numba
@@ -76,6 +78,27 @@ class _LoadWithoutRegistries(_FunctionCache):
             _load_numba_array_math_without_scipy()
         return loaded
 
+    def save_overload(self, sig, data):
+        """Numba's save, except that compiled code the cache folder cannot take
+        (a full disk) is used unsaved, after a warning (once per folder), where
+        Numba fails the call that compiled it."""
+        try:
+            super().save_overload(sig, data)
+        except OSError as error:
+            if self.cache_path not in _unsaved_folders:
+                _unsaved_folders.add(self.cache_path)
+                _warnings.warn(f"jit_kernels: cannot save compiled code to {self.cache_path} "
+                               f"({error}); compiling again in each process", stacklevel=2)
+
+
+_unsaved_folders = set()  # the cache folders already warned of
+
+
+def has_source_file(function):
+    """Whether ``function`` was defined in a file, which Numba's disk cache needs
+    (a numbackend kernel whose module could not be written is run from memory)."""
+    return _os.path.isfile(function.__code__.co_filename)
+
 
 def _no_extensions_needed():
     pass
@@ -87,8 +110,11 @@ def njit_cached(**options):
     Every cached kernel of jit_kernels and numbackend is declared with this, so
     no cache load of theirs refreshes Numba's registries (see
     :class:`_LoadWithoutRegistries`); Numba functions of other code are untouched.
+    A function without a source file compiles uncached.
     """
     def decorate(function):
+        if not has_source_file(function):
+            return _numba.njit(**options)(function)
         dispatcher = _numba.njit(cache=True, **options)(function)
         # another Numba layout, or NUMBA_DISABLE_JIT's plain function: as it comes
         if type(getattr(dispatcher, "_cache", None)) is _FunctionCache:

@@ -20,7 +20,7 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import _LoadWithoutRegistries, blas, fork_gate, njit_cached
+from . import _LoadWithoutRegistries, blas, fork_gate, has_source_file, njit_cached
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
 
@@ -67,14 +67,15 @@ def compiled_part(function):
     """``function(descriptor)``, a Python function of one pointer to int64
     numbers, as a Numba C callback for :func:`run`: a function returning
     (callback address, ctypes callable), which compiles it on its first call
-    (or loads it from the disk cache, like the other kernels).  Nothing may
-    raise in the callback: a C callback cannot pass an exception on, so
-    callers check their arguments before a run."""
+    (or loads it from the disk cache, like the other kernels, where it has a
+    source file).  Nothing may raise in the callback: a C callback cannot pass
+    an exception on, so callers check their arguments before a run."""
     @functools.cache
     def compile_once():
         callback = CFunc(function, (_PART_SIGNATURE.args, _PART_SIGNATURE.return_type), {},
                          {'nogil': True})
-        callback.enable_caching()
+        if has_source_file(function):
+            callback.enable_caching()
         if type(callback._cache) is FunctionCache:
             callback._cache.__class__ = _LoadWithoutRegistries
         callback.compile()

@@ -21,13 +21,22 @@ parallel one (the scan loop's cache, in the next process).
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
 hash keys the kernel in memory and on disk.  Numba caches the compiled code
-beside the source file, so a second process loads instead of compiling.
+beside the source file, so a second process loads instead of compiling.  A
+file in the cache is used only when its bytes are the source's, and the
+module always runs from the source in hand (see :func:`load_kernel`).
 """
+import atexit
+import contextlib
+import glob
 import hashlib
 import importlib.util
 import os
+import shutil
+import stat
 import sys
 import tempfile
+import types
+import warnings
 
 from . import ops as _ops
 
@@ -52,24 +61,88 @@ stats = {"generated": 0, "loaded": 0}
 
 
 def cache_dir():
-    """NUMBACKEND_CACHE_DIR, else the user cache folder, else a temporary folder
-    (when the user one cannot be written, as on read-only serverless file systems)."""
-    env = os.environ.get("NUMBACKEND_CACHE_DIR")
-    if env:
-        candidates = [env]
+    """The kernel cache folder: NUMBACKEND_CACHE_DIR, else the user cache folder,
+    else ``<tmp>/numbackend-<uid>``, else a fresh folder of this process.
+
+    Each is a base holding one folder per code generator and jit_kernels
+    version.  A folder is used only where this process can write and no one
+    else can (see :func:`_unusable`): Numba loads the pickles it finds there.
+    A configured folder that cannot be used, and a temporary one made by
+    someone else, are named in a warning, once.  Raises OSError when no folder
+    can be made at all."""
+    configured = os.environ.get("NUMBACKEND_CACHE_DIR")
+    if configured:
+        base = configured
     else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        candidates = [os.path.join(base, "numbackend")]
-    candidates.append(os.path.join(tempfile.gettempdir(), f"numbackend-{os.getuid()}"))
-    for folder in candidates:
-        folder = os.path.join(folder, f"kernels-v{CODEGEN_VERSION}-{_dependency_stamp()}")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            if os.access(folder, os.W_OK):
-                return folder
-        except OSError:
-            continue
-    raise OSError("numbackend: no writable kernel cache folder (set NUMBACKEND_CACHE_DIR)")
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.path.join(home, "numbackend")
+    name = f"kernels-v{CODEGEN_VERSION}-{_dependency_stamp()}"
+    # a configured folder or ~/.cache/numbackend may be a link the user made;
+    # the fixed name in the world-writable temporary folder may not
+    reason = _unusable(base, name, follow_link=True)
+    if reason is None:
+        return os.path.join(base, name)
+    if configured:
+        _warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
+                               f"({reason}); using a temporary folder")
+    temporary = os.path.join(tempfile.gettempdir(), f"numbackend-{os.getuid()}")
+    reason = _unusable(temporary, name, follow_link=False)
+    if reason is None:
+        return os.path.join(temporary, name)
+    _warn_once(temporary, f"numbackend: the kernel cache folder {temporary} cannot be used "
+                          f"({reason}); using a new folder of this process")
+    global _private_base
+    if _private_base is None or _unusable(_private_base, name, follow_link=False) is not None:
+        _private_base = tempfile.mkdtemp(prefix="numbackend-")  # mode 0700
+        atexit.register(shutil.rmtree, _private_base, ignore_errors=True)
+        reason = _unusable(_private_base, name, follow_link=False)
+        if reason is not None:
+            raise OSError(f"numbackend: no usable kernel cache folder ({reason}); "
+                          "set NUMBACKEND_CACHE_DIR")
+    return os.path.join(_private_base, name)
+
+
+_private_base = None  # the fresh folder of this process, once made
+
+
+def _unusable(base, name, follow_link):
+    """Why ``base/name`` cannot hold kernels, after making the folders that are
+    missing (mode 0700); None when it can.
+
+    Whoever can write to the folder, its ``__pycache__`` (where Numba keeps
+    pickles, loaded as they are) or ``base`` (where they can rename the folder
+    and put their own in its place) can run code in this process: each must be
+    a folder owned by this user that group and others cannot write to, and
+    ``base`` a link only if ``follow_link``.  The folder must take a file."""
+    folder = os.path.join(base, name)
+    pycache = os.path.join(folder, "__pycache__")
+    try:
+        for path in (base, folder, pycache):
+            if not os.path.lexists(path):
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            status = os.stat(path, follow_symlinks=follow_link and path == base)
+            if stat.S_ISLNK(status.st_mode):
+                return f"{path} is a symbolic link"
+            if not stat.S_ISDIR(status.st_mode):
+                return f"{path} is not a folder"
+            if status.st_uid != os.getuid():
+                return f"{path} is owned by user {status.st_uid}"
+            if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+                return f"others can write to {path}"
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as error:
+        return str(error)
+    return None
+
+
+_warned = set()  # the folders warned of
+
+
+def _warn_once(folder, message):
+    """warnings.warn(message), where nothing was said yet of ``folder``."""
+    if folder not in _warned:
+        _warned.add(folder)
+        warnings.warn(message, stacklevel=3)
 
 
 # The jit_kernels sources that generated kernels and scan loops compile in
@@ -489,30 +562,84 @@ def _fold_next_row_extremum(spec, j, view, loop, body):
 
 
 def load_kernel(source):
-    """The module for ``source`` (a kernel's or a scan loop's): from memory, else from
-    the cache folder (written if new)."""
+    """The module for ``source`` (a kernel's or a scan loop's): from memory, else
+    run from ``source`` with its file in the cache folder beside it for Numba's
+    cache (see :func:`_cached_file`); without it where it cannot be written."""
     key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
     module = _modules.get(key)
     if module is not None:
         return module
-    folder = cache_dir()
-    path = os.path.join(folder, f"k_{key}.py")
-    if not os.path.exists(path):
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.write(source)
-        os.replace(tmp, path)  # atomic: a concurrent process sees the whole file or none
-        stats["generated"] += 1
+    path = _cached_file(key, source)
     name = f"numbackend_kernels.k_{key}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
+    module = types.ModuleType(name)
+    # Run from the source in hand, never from the file read back, which could have
+    # changed since it was checked (and Python's bytecode cache of it be stale).
+    # A module without a file compiles without Numba's cache (jit_kernels.njit_cached).
+    module.__file__ = path or f"<numbackend kernel k_{key}>"
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - our own source
     module.SOURCE = source
     module.KEY = key
     _modules[key] = module
     stats["loaded"] += 1
     return module
+
+
+def _cached_file(key, source):
+    """The path of ``k_<key>.py`` in the cache folder, holding exactly ``source``:
+    the file found there, where its bytes are ``source``'s (the key is a hash of
+    ``source``: a file of other bytes is corrupt, or someone else's), else
+    written anew, with the Numba cache files of what was there deleted.  None
+    (after a warning, once per folder) where the file cannot be written, as on a
+    full disk: the cache is only a saving."""
+    data = source.encode()
+    try:
+        folder = cache_dir()
+    except OSError as error:
+        _warn_once(None, f"{error}; computing without a kernel cache")
+        return None
+    path = os.path.join(folder, f"k_{key}.py")
+    if _holds(path, data):
+        return path
+    try:
+        _write_atomically(path, data)
+    except OSError as error:
+        _warn_once(folder, f"numbackend: cannot write to the kernel cache folder {folder} "
+                           f"({error}); computing without the cache")
+        return None
+    # Numba matches its cached code to a source file by a stamp of the file (its
+    # modification time and size before Numba 0.68): none of the code compiled
+    # from what the file held before may be matched with what it holds now
+    for numba_file in glob.glob(os.path.join(folder, "__pycache__", f"k_{key}.*")):
+        with contextlib.suppress(OSError):
+            os.remove(numba_file)
+    stats["generated"] += 1
+    return path
+
+
+def _holds(path, data):
+    """Whether the file at ``path`` holds exactly the bytes ``data``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(data) + 1) == data
+    except OSError:
+        return False
+
+
+def _write_atomically(path, data):
+    """Write the bytes ``data`` to ``path`` through a new temporary file in its folder,
+    renamed over it: a concurrent reader sees the whole file or none, concurrent
+    writers each have their own temporary file, and a failure leaves none."""
+    descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path),
+                                             prefix=f"{os.path.basename(path)}.", suffix=".tmp")
+    try:
+        with open(descriptor, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(temporary)
+        raise
 
 
 def loaded_kernel(key):

@@ -28,7 +28,7 @@ from . import codegen, graph
 from .ops import is_float_matrix_product
 
 # of float32 or float64 matrices; the second with its right operand packed
-# before the lines run (jit_kernels.packed: a scan's loop times both)
+# before the lines run (jit_kernels.packed; a scan loop picks one by the rows)
 _PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
 
 # the generated module's first lines

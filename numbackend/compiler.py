@@ -221,7 +221,6 @@ def library_call(node):
 # BLAS's own blocking wins.
 PACKED_WEIGHTS_MAX_ROWS = 4
 PACKED_WEIGHTS_MIN_ITEMS = 1 << 16
-PACKED_WEIGHTS_AFTER = 2  # calls through BLAS first (see _ProductByWeights)
 
 
 def _multiplies_weights(node):
@@ -240,29 +239,25 @@ class _ProductByWeights:
     Variable.assign and the updates store new arrays) and split between BLAS's
     threads; else through BLAS.
 
-    The first :data:`PACKED_WEIGHTS_AFTER` calls go to BLAS: loading the packed
-    products' code (about 0.1 s) would double a new process's first prediction
-    (W8b), and many functions are called only once."""
+    The choice depends on the shapes alone, never on how often the function was
+    called: a product's summation order differs between the micro-kernel and
+    BLAS, and every call, and the whole compiled call, must give the same bits
+    for the same input (the whole call takes the same choice)."""
 
     def __init__(self, node):
         self.fallback = library_call(node)
         self.dtype = np.dtype(node.dtype)
-        self.calls = 0
-        self.blas = self.packed = None  # jit_kernels' modules, from the first packed call
+        self.packed = None  # jit_kernels.packed, from the first packed call
         self.packing = None  # (weak reference to the value packed, its panels)
 
     def __call__(self, x, w):
         if (x.shape[0] > PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype or w.dtype != self.dtype
-                or x.shape[1] != w.shape[0] or not x.flags.c_contiguous or not w.flags.c_contiguous
-                or self.calls < PACKED_WEIGHTS_AFTER):
-            self.calls += 1
+                or x.shape[1] != w.shape[0] or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return self.fallback(x, w)
         if self.packed is None:
-            from jit_kernels import blas, packed
-            self.blas, self.packed = blas, packed
+            from jit_kernels import packed
+            self.packed = packed
         small = w.size < PACKED_WEIGHTS_MIN_ITEMS
-        if not small and self.blas.threads() < 2:  # one core reads them faster through BLAS
-            return self.fallback(x, w)
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         if small:
             self.packed.matmul(x, w, out)

@@ -17,7 +17,6 @@ wait for each other, while a product shared between threads would synchronise
 them at every step, and a batch's small product gains little from a second
 thread (jit_kernels/blas.py).
 """
-import time
 import warnings
 
 import numba
@@ -38,19 +37,13 @@ MIN_ROWS_PER_THREAD = 8
 MIN_SPLIT_ELEMENTS = 1 << 19
 # The rows lo:hi of an unsplit loop: all of them.
 _ALL_ROWS = np.iinfo(np.int64).max
-# A step's products by invariants (an RNN's recurrent weights) run through BLAS
-# or with the weights packed once per loop (jit_kernels.packed), which is
-# faster for every product of two rows or more measured here (the W5 LSTM's
-# over 16 rows, one thread each: 48-59 against 130-158 us in OpenBLAS), but
-# not for a single row, where BLAS's gemv is as fast (4.3 against 4.7 us for
-# 1 x 128 by 128 x 512) or faster.  A loop of this many
-# steps or more first runs PROBE_STEPS steps through BLAS, as many packed, and
-# again both, and runs the rest, and later calls with as many rows, the faster
-# way (packed where it took at most PROBE_MARGIN of BLAS's time); a shorter one
-# runs packed from PACKED_MIN_ROWS rows.
-PROBE_MIN_STEPS = 32
-PROBE_STEPS = 4
-PROBE_MARGIN = 0.9
+# A step's products by invariants (an RNN's recurrent weights) run with the
+# weights packed once per loop (jit_kernels.packed) from this many rows of the
+# step up, which beats BLAS for every product of two rows or more measured (a
+# register-tiled micro-kernel on weights read once per loop), and through BLAS
+# below, where BLAS's gemv for a single row is as fast.  The choice depends on
+# the rows alone: the two ways sum in other orders, and every call must give
+# the same bits for the same input.
 PACKED_MIN_ROWS = 2
 # A step's products of sequence slices by invariants (an RNN's input
 # projection: scan._product_stays_in_loop) run for all of a call's steps at
@@ -78,7 +71,6 @@ class Loop:
         self.row_aligned = row_aligned
         self.has_packable = has_packable  # products by invariants
         self.product_columns = product_columns  # of all the step's products, per row
-        self.packed = {}  # (rows, parts) -> whether they run packed
         self._function = None
         self._compiles = True
 
@@ -107,31 +99,12 @@ class Loop:
 
     def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
         """Steps first..steps-1 over rows lo:hi (of states and invariants already
-        cut to them), one of ``parts`` run at once; the final states.  Probes the
-        products' two ways first where not yet done for as many rows and parts
-        (see PROBE_MIN_STEPS)."""
+        cut to them), one of ``parts`` run at once; the final states."""
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         hoisted = parts == 1 or rows < IN_LOOP_MIN_ROWS
-
-        def run(start, stop, packed, states):
-            return self._function(start, stop, steps, reverse, lo, hi, packed, hoisted, *seqs,
-                                  *states, *invariants, *self.constants, *stacked)
-
-        if not self.has_packable:
-            return run(first, steps, False, states)
-        shape = (rows, parts)
-        packed = self.packed.get(shape)
-        if packed is None and steps - first >= PROBE_MIN_STEPS:
-            took = {False: 0.0, True: 0.0}
-            for way in (False, True, False, True):
-                start = time.perf_counter()
-                states = run(first, first + PROBE_STEPS, way, states)
-                took[way] += time.perf_counter() - start
-                first += PROBE_STEPS
-            packed = self.packed[shape] = took[True] <= PROBE_MARGIN * took[False]
-        elif packed is None:
-            packed = rows >= PACKED_MIN_ROWS
-        return run(first, steps, packed, states)
+        packed = self.has_packable and rows >= PACKED_MIN_ROWS
+        return self._function(first, steps, steps, reverse, lo, hi, packed, hoisted, *seqs,
+                              *states, *invariants, *self.constants, *stacked)
 
     def _row_bounds(self, steps, seqs, states, invariants):
         """Where the rows are cut between threads (first row of each part, then the

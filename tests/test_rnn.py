@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import numpy as np
 import pytest
@@ -554,31 +555,30 @@ def split_runs(monkeypatch):
 
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
-@pytest.mark.parametrize("margin, packed", [(0.0, False), (1e9, True)])
+@pytest.mark.parametrize("packed_min_rows, packed", [(10**9, False), (1, True)])
 @pytest.mark.parametrize("in_loop_min_rows", [0, 10**9])
-def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, request, split,
-                                                                 go_backwards, margin, packed,
-                                                                 in_loop_min_rows):
-    # a loop of enough steps runs a few with its products by invariants through
-    # BLAS and as many packed, twice, then the rest (and later calls) the way
-    # PROBE_MARGIN picks: 0 keeps BLAS, 1e9 packs; its products of the sequence
+def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, request, split, go_backwards,
+                                                     packed_min_rows, packed, in_loop_min_rows):
+    # a loop runs its products by invariants packed from PACKED_MIN_ROWS rows,
+    # through BLAS below, on every call alike; its products of the sequence
     # slices (x_t @ w) run per step, or for each call's steps at once before its
     # loop (always, unless split, by IN_LOOP_MIN_ROWS); the same numbers every
     # way, forward and back-propagating
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
-    from numbackend import scan_loop
+    from numbackend import codegen, scan_loop
     runs = request.getfixturevalue("split_runs") if split else []
-    monkeypatch.setattr(scan_loop, "PROBE_MIN_STEPS", 4)
-    monkeypatch.setattr(scan_loop, "PROBE_STEPS", 1)
-    monkeypatch.setattr(scan_loop, "PROBE_MARGIN", margin)
+    monkeypatch.setattr(scan_loop, "PACKED_MIN_ROWS", packed_min_rows)
     monkeypatch.setattr(scan_loop, "IN_LOOP_MIN_ROWS", in_loop_min_rows)
-    loops, run = [], scan_loop.Loop.run
+    ways, load_kernel = [], codegen.load_kernel
 
-    def spied(self, *args):
-        loops.append(self)
-        return run(self, *args)
-    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    def load_spied(source):
+        module = load_kernel(source)
+        if not hasattr(module, "loop"):
+            return module
+        # the loop's 7th argument says whether its products run packed
+        return types.SimpleNamespace(loop=lambda *a: ways.append(a[6]) or module.loop(*a))
+    monkeypatch.setattr(codegen, "load_kernel", load_spied)
     steps = 9
     w_v, u_v, b_v = weights()
     w, u, b = (K.variable(v, dtype="float64") for v in (w_v, u_v, b_v))
@@ -591,22 +591,21 @@ def test_a_long_loop_times_its_products_both_ways_and_keeps_one(monkeypatch, req
     _, outputs, _ = K.rnn(step, x, [h0], go_backwards=go_backwards)
     fn = K.function([x, h0], [outputs] + K.gradients(K.sum(outputs * outputs), [u]))
     xv, hv = RNG.standard_normal((4, steps, I)), RNG.standard_normal((4, U))
-    for _ in range(2):  # the second call runs the way the first picked
+    for _ in range(2):
         got = fn([xv, hv])
         np.testing.assert_allclose(got[0], numpy_rnn(xv, w_v, u_v, b_v, hv, backwards=go_backwards)[1],
                                    rtol=1e-10, atol=1e-12)
         loss = lambda u_: (numpy_rnn(xv, w_v, u_, b_v, hv, backwards=go_backwards)[1] ** 2).sum()
         np.testing.assert_allclose(got[1], numeric_gradient(loss, u_v), rtol=1e-5, atol=1e-7)
-    assert len(loops) == 4 and bool(runs) == split  # forward and back, on each call
     parts = 2 if split else 1
-    assert all(loop.packed == {(4 // parts, parts): packed} for loop in loops)
+    # forward and back, on each call, in each part
+    assert ways == [packed] * (4 * parts) and bool(runs) == split
 
 
-def test_a_long_loop_without_products_runs_without_timing(monkeypatch):
+def test_a_loop_without_products_runs_compiled(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
-    monkeypatch.setattr(scan_loop, "PROBE_MIN_STEPS", 4)
     loops, run = [], scan_loop.Loop.run
 
     def spied(self, *args):
@@ -625,7 +624,7 @@ def test_a_long_loop_without_products_runs_without_timing(monkeypatch):
     for t in range(12):
         want = want * 0.5 + xv[:, t]
     np.testing.assert_allclose(K.function([x, h0], [last])([xv, hv])[0], want, rtol=1e-12)
-    assert len(loops) == 1 and not loops[0].has_packable and loops[0].packed == {}
+    assert len(loops) == 1 and not loops[0].has_packable
 
 
 def _masked_rnn_step(w, u, keep, shift):

@@ -1,17 +1,21 @@
 """Time the workloads of WORKLOADS.md with numbackend, NumPy and, when installed,
 JAX and ONNX Runtime, all in one run, and print each time with its ratio to ours.
 
-    python asv_bench/compare_peers.py [--quick] [--no-startup] [--no-models]
+    python asv_bench/compare_peers.py [--quick] [--no-startup] [--no-models] [--busy-core]
 
 The models (W4, W5, W6) are compared with JAX, ONNX Runtime and torch where
 they are installed; each system's result is first checked against ours.
+``--busy-core`` times everything beside a process that keeps the last CPU
+this one may use busy, as a co-tenant on a shared machine would.
 
 Pin it for figures comparable with WORKLOADS.md's 2-core machine, e.g.
 ``taskset -c 0,1 python asv_bench/compare_peers.py``.  Absolute times move
 between runs on shared machines: quote the ratios.
 """
+import contextlib
 import itertools
 import os
+import subprocess
 import sys
 import time
 
@@ -344,7 +348,30 @@ def _check_same(label, calls):
             raise AssertionError(f"{label}: {name} computes other numbers than numbackend")
 
 
+@contextlib.contextmanager
+def busy_core():
+    """A process spinning on the last CPU this one may use, for the block's duration."""
+    cpu = max(os.sched_getaffinity(0))
+    spinner = subprocess.Popen([sys.executable, "-c",
+                                f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"])
+    time.sleep(0.2)
+    try:
+        yield cpu
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def main():
+    if "--busy-core" in sys.argv:
+        with busy_core() as cpu:
+            print(f"# a process keeps CPU {cpu} busy throughout")
+            compare()
+    else:
+        compare()
+
+
+def compare():
     seconds = 0.5 if "--quick" in sys.argv else 2.0
     w1, w2a, w2b, mlp, mlp_inputs = workloads()
     systems = {"numbackend": numbackend_fns, "numpy": numpy_fns, "jax": jax_fns, "onnxruntime": onnx_fns}

@@ -79,6 +79,11 @@ def _bind_thread_count(lib):
             get.restype, get.argtypes = ctypes.c_int, []
             set_.restype, set_.argtypes = None, [ctypes.c_int]
             _thread_count = (get, set_)
+            # numbackend's count (the CPUs the process may use) where NumPy
+            # loaded OpenBLAS before numbackend could set its environment
+            limit = os.environ.get("NUMBACKEND_NUM_THREADS", "")
+            if limit.isdigit() and 0 < int(limit) < get():
+                set_(int(limit))
             break
     run = getattr(lib, "gotoblas_pthread", None)
     if run is not None and _thread_count is not None:
@@ -87,7 +92,8 @@ def _bind_thread_count(lib):
                                                    ctypes.c_void_p, ctypes.c_int]
         _run_on_pool = run
         # for jit_kernels.parts.run_compiled, linked by name like the products
-        for name, function in (("run_on_pool", run), ("threads", _thread_count[0])):
+        for name, function in (("run_on_pool", run), ("threads", _thread_count[0]),
+                               ("set_threads", _thread_count[1])):
             llvm.add_symbol(f"numbackend_{name}", ctypes.cast(function, ctypes.c_void_p).value)
 
 
@@ -108,6 +114,17 @@ _run_job_callback = _PART(_run_job)
 _run_job_address = ctypes.cast(_run_job_callback, ctypes.c_void_p)
 
 AVAILABLE = _bind()
+
+# What jit_kernels.parts.run_on_pool keeps between runs, read and written by
+# compiled code through the symbol numbackend_pool_state: [0] the
+# CLOCK_MONOTONIC time in ns until which parts run on the calling thread
+# alone, [1] the address of the compiled part that times each part, [2] how
+# many runs found a thread late, [3] how many runs in a row did.  An array of
+# this module's, so its address holds for the process.
+pool_state = np.zeros(4, np.int64)
+llvm.add_symbol("numbackend_pool_state", pool_state.ctypes.data)
+_libc = ctypes.CDLL(None)
+llvm.add_symbol("numbackend_clock_gettime", ctypes.cast(_libc.clock_gettime, ctypes.c_void_p).value)
 
 
 def threads():
@@ -142,10 +159,11 @@ def run_parts(count, part):
     results, errors = [None] * count, [None] * count
     fork_gate.enter()
     try:
+        from .parts import run_on_pool  # parts imports this module
         with _parts_lock, _one_thread():
             _job = (part, results, errors)
             try:
-                _run_on_pool(count, _run_job_address, None, 1)
+                run_on_pool(count, _run_job_address.value, 0, 1)
             finally:
                 _job = None
     finally:

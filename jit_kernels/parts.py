@@ -12,6 +12,7 @@ waited 2-12 ms for a core.
 """
 import ctypes
 import functools
+import time
 
 import numpy as np
 from llvmlite import ir
@@ -96,7 +97,7 @@ def run(part, descriptors):
         fork_gate.enter()
         try:
             with blas._parts_lock:  # one job on the pool at a time, as run_parts
-                blas._run_on_pool(count, address, descriptors.ctypes.data, descriptors.strides[0])
+                run_on_pool(count, address, descriptors.ctypes.data, descriptors.strides[0])
         finally:
             fork_gate.leave()
         return
@@ -107,6 +108,7 @@ def run(part, descriptors):
 _run_on_pool = types.ExternalFunction("numbackend_run_on_pool",
                                       types.intc(types.intc, types.voidptr, types.voidptr, types.intc))
 _pool_threads = types.ExternalFunction("numbackend_threads", types.intc())
+_set_pool_threads = types.ExternalFunction("numbackend_set_threads", types.void(types.intc))
 
 
 @intrinsic
@@ -134,10 +136,112 @@ def run_compiled(part_address, descriptors, arrays):
     the Python code that made the call."""
     count = descriptors.shape[0]
     if 1 < count <= _pool_threads():
-        _run_on_pool(count, _void_pointer(part_address), descriptors.ctypes, descriptors.shape[1] * 8)
+        run_on_pool(count, part_address, descriptors.ctypes.data, descriptors.shape[1] * 8)
         return
     for i in range(count):
         _call_part(part_address, descriptors[i])
+
+
+# A run on the pool whose last thread started its part this long after the
+# run began, and later than the calling thread took for its own part, had a
+# thread that was not running (another process had its core).  The parts
+# then run on the calling thread alone for CONTENDED_SERIAL_NS: waiting for a
+# time slice of the busy core made a batch-1 CNN 50 times slower.  A thread
+# woken from sleep starts within tens of microseconds.
+# Two such runs in a row, not one: the pool's first run starts its threads.
+LATE_START_NS = 500_000
+LATE_RUNS = 2
+CONTENDED_SERIAL_NS = 1_000_000_000
+
+
+@intrinsic
+def _pool_state(typingctx):
+    """The address of blas.pool_state (the symbol numbackend_pool_state)."""
+    def codegen(context, builder, sig, args):
+        state = builder.module.globals.get("numbackend_pool_state")
+        if state is None:
+            state = ir.GlobalVariable(builder.module, ir.ArrayType(ir.IntType(64), 4),
+                                      "numbackend_pool_state")
+            state.linkage = "external"
+        return builder.ptrtoint(state, ir.IntType(64))
+    return types.int64(), codegen
+
+
+_clock_gettime = types.ExternalFunction("numbackend_clock_gettime",
+                                        types.intc(types.intc, types.voidptr))
+
+
+@njit_cached(inline='always')
+def _now_ns():
+    """CLOCK_MONOTONIC in ns (time.monotonic_ns's clock)."""
+    spec = np.empty(2, np.int64)
+    _clock_gettime(1, spec.ctypes)
+    return spec[0] * 1_000_000_000 + spec[1]
+
+
+@intrinsic
+def _call_at(typingctx, function, argument):
+    """Call the ``void (void *)`` function at the int ``function`` with the int
+    ``argument`` as its pointer."""
+    def codegen(context, builder, sig, args):
+        part_type = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer()])
+        builder.call(builder.inttoptr(args[0], part_type.as_pointer()),
+                     [builder.inttoptr(args[1], ir.IntType(8).as_pointer())])
+        return context.get_dummy_value()
+    return types.void(function, argument), codegen
+
+
+def _timed_part(d):
+    """The part d[0] of argument d[1], its start and end times written to d[2], d[3]."""
+    row = carray(d, 4)
+    row[2] = _now_ns()
+    _call_at(row[0], row[1])
+    row[3] = _now_ns()
+
+
+_timed = compiled_part(_timed_part)
+blas.pool_state[1] = _timed()[0]
+
+
+@njit_cached(nogil=True)
+def run_on_pool(count, function, arguments, step):
+    """``function(arguments + i * step)`` for i in 0..count-1 (``function`` the
+    address of a ``void (void *)`` function), at once on OpenBLAS's threads, or
+    one after another on the calling thread for a while after a run found a
+    thread late (see LATE_START_NS).  The same parts either way, so the same
+    results.  Under blas._parts_lock."""
+    state = array_at(_pool_state(), (4,), np.int64)
+    start = _now_ns()
+    if start < state[0]:
+        # the products inside the parts on this thread too: OpenBLAS's threads
+        # would wait for the busy core as the pool's did (same results)
+        threads = _pool_threads()
+        _set_pool_threads(1)
+        for i in range(count):
+            _call_at(function, arguments + i * step)
+        _set_pool_threads(threads)
+        return
+    timing = np.empty((count, 4), np.int64)
+    for i in range(count):
+        timing[i, 0], timing[i, 1] = function, arguments + i * step
+    _run_on_pool(count, _void_pointer(state[1]), timing.ctypes, 32)
+    own = timing[0, 3] - timing[0, 2]  # the calling thread's part
+    latest = start
+    for i in range(1, count):
+        latest = max(latest, timing[i, 2])
+    if latest - start <= max(LATE_START_NS, own):
+        state[3] = 0
+        return
+    state[2] += 1
+    state[3] += 1
+    if state[3] >= LATE_RUNS:
+        state[0] = _now_ns() + CONTENDED_SERIAL_NS
+        state[3] = 0
+
+
+def contended():
+    """Whether parts run on the calling thread alone for now (see run_on_pool)."""
+    return time.monotonic_ns() < blas.pool_state[0]
 
 
 def pool_from_compiled():

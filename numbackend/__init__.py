@@ -11,6 +11,10 @@ import os as _os
 # then runs several times slower.  Set before Numba starts its threads.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+from . import cpus as _cpus  # before NumPy and Numba load
+
+_cpus.limit_thread_pools()
+
 from . import keras_compat as _keras_compat
 
 _keras_compat.apply()

@@ -80,3 +80,44 @@ def test_compiled_epilogue_refuses_blocks_it_does_not_fit():
     with pytest.raises(ValueError, match="C-contiguous"):
         epilogue(np.ones((4, 8), np.float32)[:, ::2], np.zeros((4, 4), np.float32))
     assert not out.any()
+
+
+def _row_thread_count(d):
+    """Row d[1] of the (d[2],) int64 vector at d[0] gets OpenBLAS's thread count as
+    a part sees it (what a product inside the part would use)."""
+    out = parts.array_at(d[0], (d[2],), np.int64)
+    out[d[1]] = parts.threads_from_compiled()
+
+
+_row_thread_count_part = parts.compiled_part(_row_thread_count)
+
+
+def test_parts_run_on_the_calling_thread_while_the_pool_is_contended():
+    """After runs that found a thread late (another process had its core),
+    parts run one after another on the calling thread, each once, with
+    OpenBLAS held to one thread inside them (its threads would wait for the
+    busy core too), and OpenBLAS's count is restored after."""
+    if blas.threads() < 2 or not parts.pool_from_compiled():
+        pytest.skip("OpenBLAS has fewer than two threads here")
+    import time
+    count, before = blas.threads(), blas.threads()
+    saved = blas.pool_state.copy()
+    try:
+        blas.pool_state[0] = time.monotonic_ns() + 10**10  # contended for ten seconds
+        assert parts.contended()
+        out = np.zeros((count, 5))
+        parts.run(_fill_row_part, np.array([[out.ctypes.data, i, count, 5] for i in range(count)],
+                                           np.int64))
+        np.testing.assert_array_equal(out, np.arange(count)[:, None] + np.full((count, 5), 0.5))
+        seen = np.zeros(count, np.int64)
+        parts.run(_row_thread_count_part,
+                  np.array([[seen.ctypes.data, i, count] for i in range(count)], np.int64))
+        assert seen.tolist() == [1] * count and blas.threads() == before
+        blas.pool_state[0] = 0
+        assert not parts.contended()
+        seen[:] = 0
+        parts.run(_row_thread_count_part,
+                  np.array([[seen.ctypes.data, i, count] for i in range(count)], np.int64))
+        assert (seen > 0).all()
+    finally:
+        blas.pool_state[:] = saved

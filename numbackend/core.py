@@ -269,7 +269,16 @@ _manual_var_init = False
 # ---------------------------------------------------------------------------
 # Learning phase
 
-_LEARNING_PHASE = Placeholder((), "uint8", name="keras_learning_phase", default=np.uint8(0))
+class LearningPhase(Placeholder):
+    """The one learning-phase placeholder, which Keras's functions feed: copied or
+    unpickled, it stays this one (a copy would be another input, left at its
+    default, and a copied model's dropout would never be on in training)."""
+
+    def __reduce_ex__(self, protocol):
+        return "_LEARNING_PHASE"  # pickled by reference, as a module's global
+
+
+_LEARNING_PHASE = LearningPhase((), "uint8", name="keras_learning_phase", default=np.uint8(0))
 _LEARNING_PHASE._uses_learning_phase = False
 _fixed_learning_phase = None
 

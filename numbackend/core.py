@@ -227,7 +227,14 @@ def print_tensor(x, message=""):
 def function(inputs, outputs, updates=None, **kwargs):
     """Compile a function from placeholders to outputs; ``updates`` are
     (variable, new_value) pairs computed from the values before the call and
-    written after it succeeds."""
+    written after it succeeds.
+
+    Threads: calls of one function with updates run one at a time (each
+    function with updates has a lock, held from reading the variables to
+    writing their new values), so a training step called from several threads
+    loses no update.  Functions without updates take no lock, and two
+    different functions run at the same time even where they update the same
+    variable."""
     allowed = {"name"}
     unknown = set(kwargs) - allowed
     if unknown:

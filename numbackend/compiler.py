@@ -485,6 +485,7 @@ class Plan:
         self.program = []
         self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
+        codegen.hold(self.kernels, self)
 
     @staticmethod
     def _schedule(targets, unit_of):

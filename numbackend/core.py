@@ -1,16 +1,15 @@
 """Variables, placeholders, constants, compiled functions and their values."""
-import itertools
+import gc
 from contextlib import contextmanager
 
 import numpy as np
 
-from . import config
+from . import codegen, config
 from .compiler import Function
 from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
 from .ops import apply, as_tensor
 
 _uid_prefixes = {}
-_name_counter = itertools.count()
 
 
 def _dtype_or_floatx(dtype, where):
@@ -258,6 +257,23 @@ def reset_uids():
     _uid_prefixes.clear()
 
 
+def clear_session():
+    """Start afresh, as Keras's TensorFlow backend does: reset the counters of
+    get_uid (Keras's layer names), unfix the learning phase (see
+    set_learning_phase), and drop from memory the loaded kernel modules that
+    no compiled function holds.  Tensors, variables and compiled functions made
+    before keep working.
+
+    Keras 2.2.5 exports ``clear_session`` from ``keras.backend`` only for its own
+    backends: with numbackend, call ``keras.backend.load_backend.clear_session()``
+    or ``numbackend.clear_session()``."""
+    global _fixed_learning_phase
+    reset_uids()
+    _fixed_learning_phase = None
+    gc.collect()  # a function dropped in a reference cycle (a Keras model's) holds no kernel after
+    codegen.forget_kernels()
+
+
 @contextmanager
 def name_scope(name):
     """A context manager for names; numbackend keeps no name hierarchy."""
@@ -319,6 +335,7 @@ __all__ = [
     "batch_get_value",
     "batch_set_value",
     "cast",
+    "clear_session",
     "constant",
     "count_params",
     "dtype",

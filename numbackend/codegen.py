@@ -26,6 +26,7 @@ file in the cache is used only when its bytes are the source's, and the
 module always runs from the source in hand (see :func:`load_kernel`).
 """
 import atexit
+import collections
 import contextlib
 import glob
 import hashlib
@@ -35,8 +36,10 @@ import shutil
 import stat
 import sys
 import tempfile
+import threading
 import types
 import warnings
+import weakref
 
 from . import ops as _ops
 
@@ -56,7 +59,16 @@ PARALLEL_MIN_WORK = 500_000
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
 
-_modules = {}  # source hash -> loaded module
+# How many kernel modules (each a fused kernel, a scan's loop or a whole call,
+# with the code Numba compiled for it) codegen keeps loaded by default, the
+# least recently used dropped first; those that compiled functions hold stay
+# loaded beyond it.  NUMBACKEND_MAX_KERNELS sets another number (see max_kernels).
+MAX_KERNELS = 512
+
+_modules = collections.OrderedDict()  # source hash -> loaded module, least recently used first
+_live = weakref.WeakValueDictionary()  # source hash -> every loaded module not yet freed
+_holders = {}  # source hash -> the plans, loops and calls that run its module (a WeakSet)
+_modules_lock = threading.Lock()  # guards the three
 stats = {"generated": 0, "loaded": 0}
 
 
@@ -566,7 +578,7 @@ def load_kernel(source):
     run from ``source`` with its file in the cache folder beside it for Numba's
     cache (see :func:`_cached_file`); without it where it cannot be written."""
     key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
-    module = _modules.get(key)
+    module = _recall(key)
     if module is not None:
         return module
     path = _cached_file(key, source)
@@ -580,7 +592,7 @@ def load_kernel(source):
     exec(compile(source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - our own source
     module.SOURCE = source
     module.KEY = key
-    _modules[key] = module
+    _remember(key, module)
     stats["loaded"] += 1
     return module
 
@@ -644,15 +656,113 @@ def _write_atomically(path, data):
 
 def loaded_kernel(key):
     """The kernel module of this key loaded in this process (compiled scan loops
-    name the kernels they call by key)."""
-    return _modules[key]
+    and whole calls name the kernels they call by key; their Loop and Call hold
+    those modules, which therefore stay alive while needed)."""
+    module = _recall(key)
+    if module is None:
+        raise KeyError(f"loaded_kernel: no kernel module {key!r} is loaded in this process")
+    return module
+
+
+def max_kernels():
+    """How many kernel modules codegen keeps loaded (see MAX_KERNELS):
+    NUMBACKEND_MAX_KERNELS where set (a positive integer), else MAX_KERNELS."""
+    value = os.environ.get("NUMBACKEND_MAX_KERNELS", "").strip()
+    if not value:
+        return MAX_KERNELS
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise ValueError(f"numbackend: NUMBACKEND_MAX_KERNELS must be a positive integer, "
+                         f"got {value!r}")
+    return count
+
+
+def hold(modules, owner):
+    """Keep ``modules`` in sys.modules while ``owner`` (a plan, a scan's loop or a
+    whole call, which runs them) lives, wherever the bound has dropped them from
+    codegen's memory: Numba looks a function's module up there when it compiles
+    the function or loads it from the disk cache (a compile without it caches
+    code that no process can load)."""
+    with _modules_lock:
+        for module in modules:
+            _holders.setdefault(module.KEY, weakref.WeakSet()).add(owner)
+            sys.modules[module.__name__] = module  # where the bound dropped it since it loaded
+
+
+def _remember(key, module):
+    """Keep ``module`` loaded as the most recently used; beyond max_kernels(), drop
+    the least recently used, and from sys.modules too where nothing holds them
+    (see :func:`hold`), which frees them.  A module that a plan, loop or call
+    still holds keeps working, and _recall finds it while it lives."""
+    limit = max_kernels()
+    with _modules_lock:
+        _modules[key] = module
+        _modules.move_to_end(key)
+        _live[key] = module
+        sys.modules[module.__name__] = module
+        if len(_modules) > limit:
+            while len(_modules) > limit:
+                _modules.popitem(last=False)
+            _unregister_unheld()
+
+
+def _recall(key):
+    """The module of ``key`` where one is loaded and alive, as the most recently
+    used; else None."""
+    with _modules_lock:
+        module = _modules.get(key)
+        if module is not None:
+            _modules.move_to_end(key)
+            return module
+        module = _live.get(key)
+    if module is not None:
+        _remember(key, module)
+    return module
+
+
+def _unregister_unheld():
+    """Release the modules that are neither in _modules nor held (see _release)
+    and drop them from sys.modules."""
+    for key, module in list(_live.items()):
+        if key not in _modules and not _holders.get(key):
+            _holders.pop(key, None)
+            _release(module)
+            if sys.modules.get(module.__name__) is module:
+                del sys.modules[module.__name__]
+
+
+def _release(module):
+    """Let the code Numba compiled or loaded for ``module``'s functions be freed.
+    A dispatcher's finalizer, which undoes Numba's registrations of its
+    compiled functions, never runs on its own: those registrations keep the
+    dispatcher alive (numba/numba#7831).  Run it here and drop the compiled
+    functions, as Numba's Dispatcher.recompile does; a function called after
+    compiles or loads from the disk cache again."""
+    from numba.core.dispatcher import Dispatcher  # loaded with any kernel module
+    for value in list(vars(module).values()):
+        if isinstance(value, Dispatcher):
+            value._make_finalizer()()
+            value._reset_overloads()
+
+
+def forget_kernels():
+    """Drop every loaded kernel module from memory, and from sys.modules where no
+    plan, loop or call holds it (see K.clear_session)."""
+    with _modules_lock:
+        _modules.clear()
+        _unregister_unheld()
 
 
 def numba_stats():
     """Compiles and cache loads made by Numba for generated kernels and scan loops
-    in this process."""
+    in this process (of the modules not yet freed)."""
     compiled = hits = 0
-    for module in _modules.values():
+    with _modules_lock:
+        modules = list(_live.values())
+    for module in modules:
         for variant in ("kernel_par", "kernel_ser", "run_serial", "loop"):
             disp = getattr(module, variant, None)
             if disp is None:

@@ -37,11 +37,14 @@ HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, 
 # after it, in a whole call running convolutions (see _conv_lines)
 CONV_HEADER = ["from jit_kernels import conv", ""]
 
-Rendered = namedtuple("Rendered", "lines kernel_lines constant_names variables packing_lines "
-                                   "hoisting_lines call_constants call_arguments")
+Rendered = namedtuple("Rendered", "lines kernel_lines kernel_modules constant_names variables "
+                                   "packing_lines hoisting_lines call_constants call_arguments")
 Rendered.__doc__ = """A plan's steps as source: ``lines`` (in the plan's names: p0.. for
 placeholders, v.. for values, c../s.. for constants), ``kernel_lines`` binding
-the kernels the lines call (after :data:`HEADER`), the constants the lines read
+the kernels the lines call (after :data:`HEADER`) and ``kernel_modules``,
+their modules, which whatever runs the lines holds (see codegen.hold: the
+lines look them up by key, and codegen's bound on loaded modules may have
+dropped them), the constants the lines read
 (to pass as arguments), the (variable, name) pairs whose values they read, and
 the lines that pack the right operands of products and those that compute
 products over all steps (to run before ``lines``; see :func:`render`), and
@@ -68,7 +71,7 @@ def render(plan, packable=(), sliced=None, whole_call=False):
     variable's value in parts (:func:`_weights_product_lines`)."""
     if not blas.AVAILABLE:
         return None
-    lines, kernels, variables, packings, hoistings = [], {}, [], {}, []
+    lines, kernels, modules, variables, packings, hoistings = [], {}, {}, [], {}, []
     call_constants, call_arguments = {}, {}
     for entry in plan.program:
         if entry[0] == "unsupported":
@@ -80,6 +83,7 @@ def render(plan, packable=(), sliced=None, whole_call=False):
             _, spec, args, outs = entry
             module = codegen.load_kernel(codegen.generate_source(spec))
             kernel = kernels.setdefault(module.KEY, f"kernel{len(kernels)}")
+            modules[module.KEY] = module
             lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
             continue
         if entry[0] == "conv":
@@ -104,8 +108,8 @@ def render(plan, packable=(), sliced=None, whole_call=False):
     packing_lines = [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
                      f"np.empty((0, 0, 0), dtype={b}.dtype))"
                      for (b, tb), name in packings.items()]
-    return Rendered(lines, kernel_lines, constant_names, variables, packing_lines, hoistings,
-                    call_constants, call_arguments)
+    return Rendered(lines, kernel_lines, list(modules.values()), constant_names, variables,
+                    packing_lines, hoistings, call_constants, call_arguments)
 
 
 def compiles_product(node):
@@ -237,9 +241,11 @@ class Call:
     its four scalars.  The arrays stay referenced until the addresses are
     read again."""
 
-    def __init__(self, source, held, lock=None):
+    def __init__(self, source, held, kernel_modules, lock=None):
         self.source = source
         self.held = held
+        self.kernel_modules = kernel_modules  # those the source looks up by key
+        codegen.hold(kernel_modules, self)
         self.lock = lock  # held while the call runs, where it runs parts on BLAS's threads
         self._function = None
         self._compiles = True
@@ -261,7 +267,9 @@ class Call:
             return None
         try:
             if self._function is None:
-                self._function = codegen.load_kernel(self.source).call
+                module = codegen.load_kernel(self.source)
+                codegen.hold([module], self)
+                self._function = module.call
             read = self._read  # one read: another thread may replace it
             if read[0] != graph.values_version:
                 read = self._read_addresses()
@@ -344,4 +352,5 @@ def compile_call(plan):
     lines.append(f"    return ({''.join(r + ', ' for r in results)})")
     # parts on BLAS's threads (jit_kernels.parts.run_compiled) run under its lock
     runs_parts = any(c.startswith(("conv_part", "weights_part")) for c in rendered.call_constants)
-    return Call("\n".join(lines) + "\n", held, blas._parts_lock if runs_parts else None)
+    return Call("\n".join(lines) + "\n", held, rendered.kernel_modules,
+                blas._parts_lock if runs_parts else None)

@@ -10,6 +10,7 @@
 import functools
 import itertools
 import os
+import threading
 import weakref
 
 import numpy as np
@@ -479,6 +480,7 @@ class Plan:
         self.program = []
         self.constants = {}
         self._build(self._schedule(targets, unit_of), unit_of)
+        codegen.hold(self.kernels, self)
 
     @staticmethod
     def _schedule(targets, unit_of):
@@ -974,6 +976,9 @@ class Function:
                 placeholders.append(node)
                 self._defaults.append(node.default)
         self.plan = Plan(placeholders, self.outputs + update_values)
+        # held from reading the variables to writing their new values, so that
+        # calls from several threads lose no update (see core.function)
+        self._update_lock = threading.Lock() if self.update_vars else None
         self._small_calls = 0
         self._one_call = None  # compiled_plan.Call once compiled; False where it cannot be
         self.name = name
@@ -1026,7 +1031,15 @@ class Function:
     def _run(self, arrays):
         if self._defaults:
             arrays += self._defaults
-        results = None
+        if self._update_lock is not None:
+            with self._update_lock:  # see core.function: one call with updates at a time
+                return self._run_and_update(arrays)
+        results = self._run(arrays)
+        return results[0] if self.single_output else list(results)
+
+    def _run(self, arrays):
+        """The targets' values: from the plan compiled as one call where it serves,
+        else from the plan."""
         one_call = self._one_call
         if one_call is not False:
             size = 0
@@ -1034,10 +1047,14 @@ class Function:
                 size += a.size
             if size <= ONE_CALL_MAX_ELEMENTS:
                 results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
-        if results is None:
-            results = self.plan.run(*arrays)
-        if not self.update_vars:
-            return results[0] if self.single_output else list(results)
+                if results is not None:
+                    return results
+        return self.plan.run(*arrays)
+
+    def _run_and_update(self, arrays):
+        """The outputs, after writing the updates' new values (all computed from the
+        values before the call, none written where one has the wrong shape)."""
+        results = self._run(arrays)
         n = len(self.outputs)
         new_values = results[n:]
         for var, value in zip(self.update_vars, new_values):

@@ -1,16 +1,15 @@
 """Variables, placeholders, constants, compiled functions and their values."""
-import itertools
+import gc
 from contextlib import contextmanager
 
 import numpy as np
 
-from . import config
+from . import codegen, config
 from .compiler import Function
 from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
 from .ops import apply, as_tensor
 
 _uid_prefixes = {}
-_name_counter = itertools.count()
 
 
 def _dtype_or_floatx(dtype, where):
@@ -227,7 +226,14 @@ def print_tensor(x, message=""):
 def function(inputs, outputs, updates=None, **kwargs):
     """Compile a function from placeholders to outputs; ``updates`` are
     (variable, new_value) pairs computed from the values before the call and
-    written after it succeeds."""
+    written after it succeeds.
+
+    Threads: calls of one function with updates run one at a time (each
+    function with updates has a lock, held from reading the variables to
+    writing their new values), so a training step called from several threads
+    loses no update.  Functions without updates take no lock, and two
+    different functions run at the same time even where they update the same
+    variable."""
     allowed = {"name"}
     unknown = set(kwargs) - allowed
     if unknown:
@@ -251,6 +257,23 @@ def reset_uids():
     _uid_prefixes.clear()
 
 
+def clear_session():
+    """Start afresh, as Keras's TensorFlow backend does: reset the counters of
+    get_uid (Keras's layer names), unfix the learning phase (see
+    set_learning_phase), and drop from memory the loaded kernel modules that
+    no compiled function holds.  Tensors, variables and compiled functions made
+    before keep working.
+
+    Keras 2.2.5 exports ``clear_session`` from ``keras.backend`` only for its own
+    backends: with numbackend, call ``keras.backend.load_backend.clear_session()``
+    or ``numbackend.clear_session()``."""
+    global _fixed_learning_phase
+    reset_uids()
+    _fixed_learning_phase = None
+    gc.collect()  # a function dropped in a reference cycle (a Keras model's) holds no kernel after
+    codegen.forget_kernels()
+
+
 @contextmanager
 def name_scope(name):
     """A context manager for names; numbackend keeps no name hierarchy."""
@@ -269,7 +292,16 @@ _manual_var_init = False
 # ---------------------------------------------------------------------------
 # Learning phase
 
-_LEARNING_PHASE = Placeholder((), "uint8", name="keras_learning_phase", default=np.uint8(0))
+class LearningPhase(Placeholder):
+    """The one learning-phase placeholder, which Keras's functions feed: copied or
+    unpickled, it stays this one (a copy would be another input, left at its
+    default, and a copied model's dropout would never be on in training)."""
+
+    def __reduce_ex__(self, protocol):
+        return "_LEARNING_PHASE"  # pickled by reference, as a module's global
+
+
+_LEARNING_PHASE = LearningPhase((), "uint8", name="keras_learning_phase", default=np.uint8(0))
 _LEARNING_PHASE._uses_learning_phase = False
 _fixed_learning_phase = None
 
@@ -303,6 +335,7 @@ __all__ = [
     "batch_get_value",
     "batch_set_value",
     "cast",
+    "clear_session",
     "constant",
     "count_params",
     "dtype",

@@ -28,9 +28,23 @@ def canonical_dtype(dtype, where="dtype"):
     return name
 
 
+def _new_node(cls):
+    """An empty node of class ``cls`` with an id of its own: what a copy or an
+    unpickled tensor starts from, before its attributes are restored."""
+    node = cls.__new__(cls)
+    node.id = next(_ids)
+    return node
+
+
 class Tensor:
     """A node of the graph.  Keras sets attributes of its own on tensors
-    (``_keras_shape``, ``_uses_learning_phase``...), so this is a plain class."""
+    (``_keras_shape``, ``_uses_learning_phase``...), so this is a plain class.
+
+    ``id`` tells nodes apart in the graph code (toposort, rewrite, plans): a
+    copy (``copy.copy``, ``copy.deepcopy``) or an unpickled tensor gets an id
+    of its own, never the original's, which in another process may belong to
+    another node.  A deep copy of a sub-graph copies each node once, so the
+    copies link to each other as the originals do."""
 
     def __init__(self, op, inputs, attrs, shape, dtype, name=None):
         self.id = next(_ids)
@@ -51,6 +65,13 @@ class Tensor:
 
     def __hash__(self):
         return self.id
+
+    def __reduce_ex__(self, protocol):
+        # the new node gets its id first: a tensor in a cycle back to itself
+        # (Keras's _keras_history) may be hashed before its state is restored
+        state = dict(self.__dict__)
+        del state["id"]
+        return _new_node, (type(self),), state
 
     def __bool__(self):
         raise TypeError("a symbolic tensor has no truth value; use K.switch or compare with K.equal")

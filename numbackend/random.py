@@ -3,8 +3,11 @@
 Every random tensor is a graph node that owns a NumPy ``Generator``: each
 call of a compiled function draws fresh values from it.  A node made with a
 ``seed`` starts its generator from that seed, so two nodes made with the
-same seed give the same first draw; without a seed, the seed is taken from a
-module-level generator.
+same seed give the same first draw.  Without a seed, the seed is drawn from
+NumPy's global generator (``np.random``) when the tensor or variable is made,
+as Keras 2.2.5's TensorFlow backend does: Keras's recipe for reproducible runs,
+``np.random.seed(n)`` first, then makes a process's initial weights, dropout
+masks and other draws the same in every run.
 
 ``shape`` is a tuple of ints, or a symbolic shape: a 1-D integer tensor such
 as ``K.shape(x)``, or a list that mixes ints and scalar integer tensors (as
@@ -19,13 +22,18 @@ from .core import variable
 from .graph import canonical_dtype, is_tensor
 from .ops import apply, as_tensor
 
-_seeds = np.random.default_rng()
+# The seeds drawn from np.random where none is given lie in [0, n), n as the
+# TensorFlow backend has it: np.random.randint(10e6) for a random tensor,
+# np.random.randint(10e8) for a randomly initialised variable.
+TENSOR_SEEDS = 10 ** 7
+VARIABLE_SEEDS = 10 ** 9
 
 
-def _generator(seed):
-    """A new Generator started from ``seed`` (or from a seed drawn here when None)."""
+def _generator(seed, seeds=TENSOR_SEEDS):
+    """A new Generator started from ``seed``, or where it is None from a seed
+    in [0, seeds) drawn from NumPy's global generator."""
     if seed is None:
-        seed = int(_seeds.integers(2 ** 31))
+        seed = np.random.randint(seeds)
     return np.random.default_rng(int(seed))
 
 
@@ -200,7 +208,8 @@ def random_normal_variable(shape, mean, scale, dtype=None, name=None, seed=None)
         name: name of the variable.
         seed: int, random seed.
     """
-    value = _generator(seed).normal(float(mean), float(scale), _int_shape(shape, "random_normal_variable"))
+    shape = _int_shape(shape, "random_normal_variable")
+    value = _generator(seed, VARIABLE_SEEDS).normal(float(mean), float(scale), shape)
     return variable(value, dtype=_float_dtype(dtype, "random_normal_variable"), name=name)
 
 
@@ -215,7 +224,8 @@ def random_uniform_variable(shape, low, high, dtype=None, name=None, seed=None):
         name: name of the variable.
         seed: int, random seed.
     """
-    value = _generator(seed).uniform(float(low), float(high), _int_shape(shape, "random_uniform_variable"))
+    shape = _int_shape(shape, "random_uniform_variable")
+    value = _generator(seed, VARIABLE_SEEDS).uniform(float(low), float(high), shape)
     return variable(value, dtype=_float_dtype(dtype, "random_uniform_variable"), name=name)
 
 

@@ -58,6 +58,11 @@ class Body:
                                                   len(self.state_inputs), n_stacked, self.where)
         return self._loops[n_stacked]
 
+    def __getstate__(self):
+        # a copy or an unpickled body compiles again on first use: its plan and
+        # loops hold generated code, which neither copies nor pickles
+        return {**self.__dict__, "_plan": None, "_loops": {}}
+
     def __repr__(self):
         return f"<Body {self.where} {id(self):x}>"
 

@@ -62,8 +62,11 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, constants, where, row_aligned, has_packable, product_columns):
+    def __init__(self, source, kernel_modules, constants, where, row_aligned, has_packable,
+                 product_columns):
         self.source = source
+        self.kernel_modules = kernel_modules  # those the source looks up by key
+        codegen.hold(kernel_modules, self)
         self.constants = constants
         self.where = where
         # per invariant, whether it may line up with the rows (then its first axis
@@ -78,7 +81,9 @@ class Loop:
         if not self._compiles:
             return None
         if self._function is None:
-            self._function = codegen.load_kernel(self.source).loop
+            module = codegen.load_kernel(self.source)
+            codegen.hold([module], self)
+            self._function = module.loop
         try:
             bounds = self._row_bounds(steps - first, seqs, states, invariants)
             if bounds is not None:
@@ -190,7 +195,8 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
-    return Loop("\n".join(lines) + "\n", [plan.constants[c] for c in constant_names], where,
+    return Loop("\n".join(lines) + "\n", rendered.kernel_modules,
+                [plan.constants[c] for c in constant_names], where,
                 _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines),
                 sum(entry[1].shape[-1] or 0 for entry in plan.program
                     if entry[0] == "library" and entry[1].op == "dot"))

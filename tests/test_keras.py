@@ -161,3 +161,25 @@ def test_recurrent_layers_match_numpy_and_train(tmp_path):
         assert error < 1e-5, name
     before, after = report["loss"]
     assert after < before
+
+
+INITIAL_WEIGHTS_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    from keras.models import Sequential
+    from keras.layers import Dense
+
+    def initial_weights(seed):
+        np.random.seed(seed)  # Keras's recipe for reproducible runs
+        model = Sequential([Dense(8, input_shape=(4,)), Dense(3, kernel_initializer="he_normal")])
+        return [w.tolist() for w in model.get_weights()]
+
+    print(json.dumps([initial_weights(0), initial_weights(0), initial_weights(1)]))
+""")
+
+
+def test_initial_weights_follow_numpys_global_seed(tmp_path):
+    result = run_keras(INITIAL_WEIGHTS_SCRIPT, tmp_path)
+    first, again, other = json.loads(result.stdout.strip().splitlines()[-1])
+    assert first == again
+    assert first[0] != other[0] and first[2] != other[2]  # the kernels (the biases start at 0)

@@ -1,4 +1,9 @@
 """numbackend.random: distributions, seeds, fresh draws, symbolic shapes."""
+import json
+import subprocess
+import sys
+import textwrap
+
 import numpy as np
 import pytest
 
@@ -148,3 +153,43 @@ def test_random_uniform_variable():
                               K.get_value(K.random_uniform_variable((10,), 0, 1)))
     with pytest.raises(ValueError, match="random_uniform_variable"):
         K.random_uniform_variable((None, 2), 0, 1)
+
+
+# Draws made without a seed after np.random.seed(SEED): each a list of floats.
+# (Sixteen values at most: the functions run with NumPy, no compile.)
+UNSEEDED_DRAWS = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    np.random.seed(int(sys.argv[1]))
+    import numbackend as K
+
+    def draw(tensor):
+        return K.function([], [tensor])([])[0].tolist()
+
+    masks = K.function([], [K.dropout(K.ones((16,)), 0.5)])
+    print(json.dumps({
+        "normal": draw(K.random_normal((4,))),
+        "truncated_normal": draw(K.truncated_normal((4,))),
+        "uniform": draw(K.random_uniform((4,))),
+        "binomial": draw(K.random_binomial((16,), 0.5)),
+        "dropout": [masks([])[0].tolist(), masks([])[0].tolist()],
+        "normal_variable": K.get_value(K.random_normal_variable((4,), 0.0, 1.0)).tolist(),
+        "uniform_variable": K.get_value(K.random_uniform_variable((4,), 0.0, 1.0)).tolist(),
+    }))
+""")
+
+
+def unseeded_draws(seed):
+    result = subprocess.run([sys.executable, "-c", UNSEEDED_DRAWS, str(seed)], capture_output=True,
+                            text=True, check=False, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_unseeded_draws_follow_numpys_global_seed_across_processes():
+    first, again, other = unseeded_draws(0), unseeded_draws(0), unseeded_draws(1)
+    assert first == again
+    for kind in first:
+        assert first[kind] != other[kind], kind
+    # a compiled function still draws a new mask on each call
+    assert first["dropout"][0] != first["dropout"][1]

@@ -1024,11 +1024,12 @@ class Function:
         gate = _fork_gate()
         gate.enter()
         try:
-            return self._run(arrays)
+            return self._serve(arrays)
         finally:
             gate.leave()
 
-    def _run(self, arrays):
+    def _serve(self, arrays):
+        """The outputs for checked inputs, updates written where there are any."""
         if self._defaults:
             arrays += self._defaults
         if self._update_lock is not None:

@@ -2,6 +2,7 @@
 concurrent writers, the choice of a folder no one else can write, and a disk
 that cannot take more (the cache is skipped, the call computes)."""
 import errno
+import gc
 import os
 import pathlib
 import re
@@ -112,7 +113,8 @@ def test_rewriting_a_kernel_module_deletes_its_numba_cache_files(tmp_path, monke
     other = "k_0123456789abcdef01234567.tanh_plus_one-7.py311.nbi"
     for name in stale + [other]:
         open(os.path.join(pycache, name), "wb").close()
-    codegen._modules.pop(key)  # as in a new process
+    codegen.forget_kernels()  # as in a new process
+    gc.collect()
     module = codegen.load_kernel(source)
     assert pathlib.Path(module_path).read_text() == source
     assert sorted(os.listdir(pycache)) == [other]

@@ -5,6 +5,7 @@ returns NumPy arrays (or fills output arrays passed in).  Kernels are compiled
 with :func:`njit_cached`, so a second process loads them from disk.
 """
 
+import contextlib as _contextlib
 import os as _os
 import types as _types
 import warnings as _warnings
@@ -72,11 +73,28 @@ class _LoadWithoutRegistries(_FunctionCache):
     def load_overload(self, sig, target_context):
         from numba.core.runtime import rtsys
         rtsys.initialize(target_context)
-        with self._guard_against_spurious_io_errors():
-            loaded = self._load_overload(sig, target_context)
+        try:
+            with self._guard_against_spurious_io_errors():
+                loaded = self._load_overload(sig, target_context)
+        except Exception as error:  # noqa: BLE001 - any unreadable entry: compile instead
+            self._drop_unreadable(error)
+            loaded = None
         if loaded is None:  # a compile follows: load array math as it should be loaded
             _load_numba_array_math_without_scipy()
         return loaded
+
+    def _drop_unreadable(self, error):
+        """Delete this function's cache index that could not be read (a file cut
+        short or garbled), after a warning, so that the compile that follows
+        saves a new one; Numba would raise on it in every process."""
+        index = getattr(self._cache_file, "_index_path", None)
+        name = getattr(self._py_func, "__qualname__", self._name)
+        _warnings.warn(f"jit_kernels: an unreadable cache entry of {name} in "
+                       f"{self.cache_path} ({type(error).__name__}: {error}); compiling it again",
+                       stacklevel=3)
+        if index is not None:
+            with _contextlib.suppress(OSError):
+                _os.remove(index)
 
     def save_overload(self, sig, data):
         """Numba's save, except that compiled code the cache folder cannot take

@@ -350,3 +350,25 @@ def test_a_full_disk_leaves_calls_computing_and_no_temporary_files(tmp_path, ful
     left = [name for _, _, names in os.walk(tmp_path) for name in names]
     assert all(name.startswith("k_") and name.endswith(".py") for name in left)
     assert len(left) >= 1 if full == "numba" else left == []
+
+
+@pytest.mark.parametrize("garble", ["index", "data"])
+def test_an_unreadable_numba_cache_entry_is_compiled_again(tmp_path, garble):
+    # a cut-short or garbled index (.nbi) or compiled-code file (.nbc) of Numba's
+    # made every later process fail to unpickle it
+    [(ok, path)] = build_tanh_chains(tmp_path, 3)
+    assert ok
+    pycache = os.path.join(os.path.dirname(path), "__pycache__")
+    suffix = ".nbi" if garble == "index" else ".nbc"
+    garbled = [name for name in os.listdir(pycache) if name.endswith(suffix)]
+    assert garbled
+    for name in garbled:
+        with open(os.path.join(pycache, name), "wb") as f:
+            f.write(b"\x80\x04garbled")
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+    for expect_warning in (True, False):  # the entry saved anew loads in the next process
+        out = subprocess.run([sys.executable, "-c", BUILD_TANH_CHAINS, "3"], env=env,
+                             capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[0] == "True"
+        assert ("unreadable cache entry" in out.stderr) == expect_warning, out.stderr

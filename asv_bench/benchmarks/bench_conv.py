@@ -4,7 +4,7 @@ im2col reference in the same run, and a training step of the same network
 import numpy as np
 
 import numbackend as K
-from numbackend.compiler import ONE_CALL_AFTER, PACKED_WEIGHTS_AFTER
+from numbackend.compiler import ONE_CALL_AFTER
 
 from .common import (
     F32,
@@ -38,10 +38,9 @@ class W4MnistCnn:
         self.fn = cnn_function(K, self.weights)
         np.testing.assert_allclose(self.fn([self.x])[0], cnn_numpy(self.weights, self.x),
                                    rtol=1e-4, atol=1e-6)
-        # out of the timed calls: a function's third call loads the code of its
-        # products by packed weights (PACKED_WEIGHTS_AFTER), and at batch 1 its
-        # ONE_CALL_AFTER-th compiles it as one call
-        for _ in range(max(PACKED_WEIGHTS_AFTER, ONE_CALL_AFTER) + 1):
+        # out of the timed calls: at batch 1 a function's ONE_CALL_AFTER-th call
+        # compiles it as one call
+        for _ in range(ONE_CALL_AFTER + 1):
             self.fn([self.x])
 
     def time_numbackend(self, batch):

@@ -561,7 +561,8 @@ def test_a_small_cnn_called_often_runs_as_one_call(monkeypatch, dtype):
     f = K.function([x], [K.softmax(K.dot(K.batch_flatten(h), weights[2][0]) + weights[2][1])])
     runs, run = [0], f.plan.run
     f.plan.run = lambda *a: runs.__setitem__(0, runs[0] + 1) or run(*a)
-    tol = 2e-5 if dtype == "float32" else 1e-10
+    # Winograd F(4x4, 3x3) rounds float32 more than a direct sum: 1e-4 relative
+    tol = 1e-4 if dtype == "float32" else 1e-10
 
     def check(batch):
         xv = rand(batch, 28, 28, 1)

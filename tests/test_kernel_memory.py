@@ -51,9 +51,13 @@ def test_loaded_kernels_stay_within_the_bound(max_kernels):
     chain(9)  # loading one more drops those that nothing holds any more
     gc.collect()
     alive = [m() for m in modules if m() is not None]
-    assert sorted(m.KEY for m in alive) == sorted(list(codegen._modules)[:2])  # lengths 7 and 8
+    kept = list(codegen._modules)[:2]  # lengths 7 and 8
+    assert set(kept) <= {m.KEY for m in alive}
+    # the others are freed, but for a kernel of the same source that a function
+    # of another test still holds
+    assert all(m.KEY in kept or codegen._holders.get(m.KEY) for m in alive)
     assert names & set(sys.modules) == {m.__name__ for m in alive}
-    assert sum(d() is not None for d in compiled) == 2  # and so is the code Numba compiled
+    assert sum(d() is not None for d in compiled) == len(alive)  # and so is the code Numba compiled
 
 
 def test_a_whole_call_runs_kernels_that_were_dropped(max_kernels):

@@ -100,6 +100,11 @@ def int_shape(x):
     return tuple(np.shape(x))
 
 
+def get_variable_shape(x):
+    """The static shape of a variable, as a tuple of ints (Keras's ``int_shape``)."""
+    return int_shape(x)
+
+
 def ndim(x):
     """The rank of x."""
     return len(int_shape(x))
@@ -345,6 +350,7 @@ __all__ = [
     "function",
     "get_uid",
     "get_value",
+    "get_variable_shape",
     "identity",
     "int_shape",
     "is_keras_tensor",

@@ -141,7 +141,7 @@ SHARED = [
     "abs", "all", "any", "argmax", "argmin", "backend", "batch_dot", "batch_flatten",
     "batch_set_value", "cast", "cast_to_floatx", "clip", "concatenate", "cos", "count_params",
     "dot", "dtype", "epsilon", "equal", "eval", "exp", "eye", "floatx", "gather", "get_value",
-    "greater", "greater_equal", "hard_sigmoid", "image_dim_ordering", "int_shape",
+    "get_variable_shape", "greater", "greater_equal", "hard_sigmoid", "image_dim_ordering", "int_shape",
     "learning_phase", "lesser", "lesser_equal", "log", "manual_variable_initialization", "max",
     "maximum", "mean", "min", "minimum", "ndim", "not_equal", "ones", "permute_dimensions", "pow",
     "print_tensor", "prod", "random_binomial", "repeat", "repeat_elements", "reshape", "reverse",

@@ -452,6 +452,12 @@ def test_arange_with_tensor_bounds():
     np.testing.assert_array_equal(second, np.arange(1, 8, 2))
 
 
+def test_get_variable_shape_is_the_variables_shape():
+    value = np.zeros((2, 3, 4), np.float32)
+    assert K.get_variable_shape(K.variable(value)) == value.shape
+    assert K.get_variable_shape(K.variable(1.0)) == ()
+
+
 def test_in_top_k():
     predictions = np.array([[0.1, 0.5, 0.4, 0.0], [0.3, 0.3, 0.3, 0.1], [0.9, 0.05, 0.03, 0.02]],
                            np.float32)

@@ -1059,14 +1059,28 @@ def _in_top_k_infer(inputs, attrs):
     if pred.ndim != 2 or targets.ndim != 1:
         raise ValueError(f"in_top_k: predictions must be (batch, classes) and targets (batch,), got "
                          f"{format_shape(pred.shape)} and {format_shape(targets.shape)}")
+    if np.dtype(targets.dtype).kind not in "iu":
+        raise TypeError(f"in_top_k: targets must be integers (class indices), got {targets.dtype}")
+    if None not in (pred.shape[0], targets.shape[0]) and pred.shape[0] != targets.shape[0]:
+        raise ValueError(f"in_top_k: predictions {format_shape(pred.shape)} and targets "
+                         f"{format_shape(targets.shape)} have different batch sizes")
     return (pred.shape[0],), "bool"
 
 
 def _in_top_k(pred, targets, k):
-    # TensorFlow counts a target as in the top k when fewer than k classes score strictly higher
+    """TensorFlow's in_top_k: a target is in the top k when fewer than k classes
+    score strictly higher, so ties at the k-th largest value are all in; a row
+    with any non-finite prediction is False (TensorFlow cannot say)."""
+    if pred.shape[0] != targets.shape[0]:
+        raise ValueError(f"in_top_k: {pred.shape[0]} rows of predictions but {targets.shape[0]} targets")
+    out_of_range = (targets < 0) | (targets >= pred.shape[1])
+    if out_of_range.any():
+        b = int(np.flatnonzero(out_of_range)[0])
+        raise ValueError(f"in_top_k: targets[{b}] = {targets[b]} is out of range for "
+                         f"{pred.shape[1]} classes")
     target_scores = pred[np.arange(pred.shape[0]), targets]
     higher = (pred > target_scores[:, None]).sum(axis=1)
-    return (higher < k) & np.isfinite(target_scores)
+    return (higher < k) & np.isfinite(pred).all(axis=1)
 
 
 library("in_top_k", _in_top_k_infer, _in_top_k)

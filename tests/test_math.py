@@ -469,6 +469,43 @@ def test_in_top_k():
         np.testing.assert_array_equal(out, expected)
 
 
+
+def in_top_k_by_sorting(predictions, targets, k):
+    """TensorFlow's in_top_k by its definition: the target's prediction is at least
+    the k-th largest of its row (ties all in); a row with a non-finite value is False."""
+    out = []
+    for row, target in zip(predictions, targets):
+        kth_largest = np.sort(row)[::-1][min(k, row.size) - 1] if k > 0 else np.inf
+        out.append(bool(np.all(np.isfinite(row)) and row[target] >= kth_largest))
+    return np.array(out)
+
+
+def test_in_top_k_counts_every_tie_at_the_kth_value():
+    # small integers: many rows have more than k values >= the k-th largest
+    predictions = RNG.integers(0, 3, size=(200, 5)).astype(np.float32)
+    targets = RNG.integers(0, 5, size=200).astype(np.int32)
+    for k in (0, 1, 2, 4, 5, 7):
+        out = run(lambda p, t, k=k: K.in_top_k(p, t, k), predictions, targets)
+        np.testing.assert_array_equal(out, in_top_k_by_sorting(predictions, targets, k))
+
+
+def test_in_top_k_is_false_for_a_row_with_a_non_finite_prediction():
+    predictions = np.array([[0.1, np.inf, 0.4], [0.1, np.nan, 0.4], [0.1, 0.5, np.nan],
+                            [-np.inf, 0.5, 0.4], [0.1, 0.5, 0.4]], np.float32)
+    targets = np.array([2, 2, 2, 2, 2], np.int32)
+    out = run(lambda p, t: K.in_top_k(p, t, 2), predictions, targets)
+    np.testing.assert_array_equal(out, in_top_k_by_sorting(predictions, targets, 2))
+    np.testing.assert_array_equal(out, [False, False, False, False, True])
+
+
+@pytest.mark.parametrize("bad_target", [-1, 3])
+def test_in_top_k_rejects_a_target_out_of_range(bad_target):
+    predictions = np.array([[0.1, 0.5, 0.4], [0.3, 0.2, 0.1]], np.float32)
+    targets = np.array([0, bad_target], np.int32)
+    with pytest.raises(ValueError, match=rf"in_top_k: targets\[1\] = {bad_target} is out of range for 3"):
+        run(lambda p, t: K.in_top_k(p, t, 1), predictions, targets)
+
+
 # ---------------------------------------------------------------------------
 # Shape manipulation
 
@@ -738,6 +775,10 @@ def test_linear_algebra_errors():
         K.reverse(K.placeholder((2, 3)), 3)
     with pytest.raises(ValueError, match=r"in_top_k: .*\(3,\)"):
         K.in_top_k(K.placeholder((3,)), K.placeholder((3,), dtype="int32"), 1)
+    with pytest.raises(TypeError, match="in_top_k: targets must be integers .*float32"):
+        K.in_top_k(K.placeholder((3, 4)), K.placeholder((3,)), 1)
+    with pytest.raises(ValueError, match=r"in_top_k: .*\(3, 4\).*\(2,\) have different batch sizes"):
+        K.in_top_k(K.placeholder((3, 4)), K.placeholder((2,), dtype="int32"), 1)
     with pytest.raises(ValueError, match="arange: step must not be zero"):
         K.arange(0, 5, 0)
 

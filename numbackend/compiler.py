@@ -20,6 +20,7 @@ from .graph import (
     Constant,
     Placeholder,
     Tensor,
+    Update,
     Variable,
     consumers_of,
     format_shape,
@@ -966,6 +967,7 @@ class Function:
                 value = ops.apply("cast", value, dtype=var.dtype)
             self.update_vars.append(var)
             update_values.append(value)
+        self.outputs, update_values = lift_updates(self.outputs, self.update_vars, update_values)
         placeholders = list(self.inputs)
         self._defaults = []
         for node in toposort(self.outputs + update_values):
@@ -1067,7 +1069,13 @@ class Function:
             var.value = value
         if self._one_call:
             self._one_call.forget()  # the values it read are replaced: hold them no longer
-        return results[0] if self.single_output else list(results[:n])
+        outputs = results[:n]
+        written = {id(value) for value in new_values}
+        if any(id(out) in written for out in outputs):
+            # an output that is an update's new value (K.update's result among the
+            # outputs) is the caller's copy: writing into it must not change the variable
+            outputs = [out.copy() if id(out) in written else out for out in outputs]
+        return outputs[0] if self.single_output else list(outputs)
 
     def _count_small_call(self, arrays):
         """The results from the plan compiled as one call once called with small
@@ -1109,7 +1117,32 @@ def _castable(arr, dtype):
                 and np.array_equal(arr, np.trunc(arr))))
 
 
+def lift_updates(outputs, update_vars, update_values):
+    """The outputs and update values with each graph.Update they depend on read as
+    its new value, and the updates of the call (``update_vars`` is extended in
+    place) with those Updates' assignments added: evaluating an Update writes its
+    variable once per call, as TensorFlow's assign ops do, even where it is also
+    among the updates or read several times."""
+    # an Update passed as an update is not added again
+    given = {id(value) for var, value in zip(update_vars, update_values)
+             if isinstance(value, Update) and value.variable is var}
+    replacements = {}
+    for node in toposort(outputs + update_values):
+        if isinstance(node, Update):
+            (new_value,) = substitute([node.new_value], replacements)  # inner Updates first
+            replacements[node.id] = new_value
+            if id(node) not in given:
+                update_vars.append(node.variable)
+                update_values.append(node)
+    if not replacements:
+        return outputs, update_values
+    lifted = substitute(outputs + update_values, replacements)
+    return lifted[:len(outputs)], lifted[len(outputs):]
+
+
 def _unpack_update(u):
+    if isinstance(u, Update):
+        return u.variable, u
     if isinstance(u, (list, tuple)) and len(u) == 2:
         var, value = u
     else:

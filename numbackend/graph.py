@@ -215,6 +215,24 @@ class Variable(Tensor):
         self.value = np.array(value, dtype=self.dtype, copy=True, order="C")
 
 
+class Update(Tensor):
+    """What ``K.update`` and its kin return: the assignment ``variable <- new_value``,
+    read as the new value.  As TensorFlow's assign ops, computing it (``K.eval``,
+    an output of ``K.function``) writes the variable, once per call; passed in
+    ``K.function``'s ``updates`` it is the (variable, new_value) pair."""
+
+    def __init__(self, variable, new_value, name=None):
+        super().__init__("update", (variable, new_value), {}, variable.shape, variable.dtype, name)
+
+    @property
+    def variable(self):
+        return self.inputs[0]
+
+    @property
+    def new_value(self):
+        return self.inputs[1]
+
+
 class Constant(Tensor):
     """A constant NumPy value baked into the graph."""
 

@@ -1054,6 +1054,19 @@ library("stop_gradient", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype
         lambda x: x, grad=lambda g, n: [None])
 
 
+
+def _update_outside_a_function(variable, new_value):
+    raise NotImplementedError("update: an update (K.update, K.update_add, ...) is applied only as an "
+                              "output or an update of K.function or by K.eval, not inside a loop "
+                              "such as K.rnn's step function")
+
+
+# graph.Update: K.function and K.eval replace it by its new value before planning
+# (compiler.lift_updates), so this runs only where none did.  Not differentiable,
+# as TensorFlow's assign ops are not.
+library("update", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
+        _update_outside_a_function)
+
 def _in_top_k_infer(inputs, attrs):
     pred, targets = inputs
     if pred.ndim != 2 or targets.ndim != 1:

@@ -198,3 +198,60 @@ def test_keras_sequential_fits(keras_report, optimizer):
     assert all(np.isfinite(history)), history
     assert history[-1] < 0.6 * history[0], history
     assert report["loss"] < 0.6 * history[0] and report["accuracy"] > 0.85, report
+
+
+# ---------------------------------------------------------------------------
+# What K.update and its kin return: evaluating it applies the update, once
+
+
+def test_eval_of_an_update_applies_it_once_and_gives_the_new_value():
+    v = K.variable(1.0)
+    added = K.update_add(v, 2.0)
+    assert K.eval(added) == 3.0 and K.get_value(v) == 3.0
+    assert K.eval(added) == 5.0 and K.get_value(v) == 5.0
+    w = K.variable(np.arange(3.0), dtype="float64")
+    for update, expected in [(K.update_sub(w, 1.0), np.arange(3.0) - 1),
+                             (K.update(w, np.ones(3)), np.ones(3)),
+                             (K.moving_average_update(w, np.full(3, 3.0), 0.75), 0.75 + 0.25 * 3)]:
+        np.testing.assert_array_equal(K.eval(update), expected)
+        np.testing.assert_array_equal(K.get_value(w), expected)
+
+
+def test_an_update_among_a_functions_outputs_is_applied_once_per_call():
+    v = K.variable(np.zeros(3), dtype="float64")
+    x = K.placeholder((3,), dtype="float64")
+    added = K.update_add(v, x)
+    # read twice among the outputs and passed as an update too: still one addition a call
+    f = K.function([x], [added, added * 2.0, v], updates=[added])
+    step = np.array([1.0, 2.0, 3.0])
+    for n in range(1, 4):
+        new, doubled, before = f([step])
+        np.testing.assert_array_equal(new, n * step)
+        np.testing.assert_array_equal(doubled, 2 * n * step)
+        np.testing.assert_array_equal(before, (n - 1) * step)  # read before the call's updates
+        np.testing.assert_array_equal(K.get_value(v), n * step)
+        new[:] = -1  # the caller's array: the variable keeps its value
+        np.testing.assert_array_equal(K.get_value(v), n * step)
+    g = K.function([x], [K.update_add(v, x)])  # an output only, no updates given
+    np.testing.assert_array_equal(g([step])[0], 4 * step)
+    np.testing.assert_array_equal(K.get_value(v), 4 * step)
+
+
+def test_updates_given_as_keras_does_are_applied_once_per_call():
+    counter = K.variable(0.0)
+    total = K.variable(np.zeros(2), dtype="float64")
+    x = K.placeholder((2,), dtype="float64")
+    f = K.function([x], [x * 1.0], updates=[K.update_add(counter, 1.0), K.update_add(total, x)])
+    for n in range(1, 4):
+        f([np.array([1.0, 2.0])])
+        assert K.get_value(counter) == n
+        np.testing.assert_array_equal(K.get_value(total), n * np.array([1.0, 2.0]))
+    # an update's new value used in another update's: that update is applied too
+    v, w = K.variable(0.0), K.variable(1.0)
+    K.function([], [], updates=[(v, K.update_add(w, 1.0) * 10.0)])([])
+    assert K.get_value(w) == 2.0 and K.get_value(v) == 20.0
+
+
+def test_an_update_of_a_known_wrong_shape_is_refused_where_it_is_made():
+    with pytest.raises(ValueError, match=r"update: variable .* has shape \(3,\), the new value shape \(2,\)"):
+        K.update(K.variable(np.zeros(3)), np.zeros(2))

@@ -11,10 +11,6 @@ def _time_major(x):
     return apply("transpose", x, axes=(1, 0) + tuple(range(2, x.ndim)))
 
 
-def _same_shape(a, b):
-    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
-
-
 def _mask_for(m_t, target):
     """The per-step mask (batch,) shaped to broadcast against ``target``."""
     return apply("reshape", m_t, shape=(-1,) + (1,) * (target.ndim - 1))
@@ -27,10 +23,11 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     ``step_function(input_t, states + constants)`` returns ``(output_t,
     new_states)``, with ``input_t`` of shape (batch, ...).  With ``mask`` (a
     (batch, time) boolean tensor), a masked step leaves the states unchanged
-    and its output is the first state's previous value, as in the TensorFlow
-    backend.  ``go_backwards`` walks the time axis in reverse (the outputs come
-    in that reversed order).  ``unroll`` and ``input_length`` are accepted for
-    compatibility: the loop is always one compiled scan.
+    and repeats the previous step's output (zeros before the first kept step),
+    as in the TensorFlow backend.  ``go_backwards`` walks the time axis in
+    reverse (the outputs come in that reversed order).  ``unroll`` and
+    ``input_length`` are accepted for compatibility: the loop is always one
+    compiled scan, with the same results as an unrolled one.
 
     Returns ``(last_output, outputs, new_states)``: the last step's output
     (batch, ...), all outputs (batch, time, ...) and the final states.
@@ -67,13 +64,11 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
                                     tuple(initial_states) + tuple(constants))
     first_output = as_tensor(first_output, where="rnn")
     n_states = len(initial_states)
-    # masked steps repeat the first state where it can stand for the output
-    # (Keras's cells); otherwise the previous output, carried as an extra state
-    carry_output = mask is not None and (
-        not initial_states or not _same_shape(initial_states[0].shape, first_output.shape)
-        or initial_states[0].dtype != first_output.dtype)
     states = list(initial_states)
-    if carry_output:
+    if mask is not None:
+        # masked steps repeat the previous output, carried as an extra state that
+        # starts at zeros: not the first state, even where that is the output
+        # (Keras's cells), as a masked first step outputs zeros
         states.append(zeros_like(first_output))
     uses_learning_phase = []
 
@@ -84,12 +79,10 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         uses_learning_phase.append(getattr(output, "_uses_learning_phase", False))
         if mask is not None:
             m_t = slices[1]
-            previous = carried[n_states] if carry_output else carried[0]
-            output = apply("where", _mask_for(m_t, output), output, previous)
+            output = apply("where", _mask_for(m_t, output), output, carried[n_states])
             new_states = [apply("where", _mask_for(m_t, new), new, old)
                           for new, old in zip(new_states, carried[:n_states])]
-            if carry_output:
-                new_states.append(output)
+            new_states.append(output)
         return [output], new_states
 
     (outputs,), history = scan(step, sequences, states, where="rnn")

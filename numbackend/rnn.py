@@ -16,6 +16,19 @@ def _mask_for(m_t, target):
     return apply("reshape", m_t, shape=(-1,) + (1,) * (target.ndim - 1))
 
 
+def _zero_output(first_output, initial_states):
+    """Zeros like the step's output.  Where the first state has the output's
+    static shape and dtype (Keras's cells), zeros like that state: the plan then
+    runs no step outside the loop for the output's shape alone.  Should the two
+    still differ at run time, the scan's check of the carried state's shape
+    fails on the first step."""
+    if initial_states:
+        state = initial_states[0]
+        if state.shape == first_output.shape and state.dtype == first_output.dtype:
+            return zeros_like(state)
+    return zeros_like(first_output)
+
+
 def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, constants=None,
         unroll=False, input_length=None):
     """Iterate ``step_function`` over the time axis (axis 1) of ``inputs``.
@@ -69,7 +82,7 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         # masked steps repeat the previous output, carried as an extra state that
         # starts at zeros: not the first state, even where that is the output
         # (Keras's cells), as a masked first step outputs zeros
-        states.append(zeros_like(first_output))
+        states.append(_zero_output(first_output, initial_states))
     uses_learning_phase = []
 
     def step(slices, carried):

@@ -257,6 +257,19 @@ def test_masked_rnn_gradients_match_finite_differences(go_backwards):
                                    err_msg=f"d loss / d {['w', 'u', 'b', 'x', 'h0', 'c0'][k]}")
 
 
+def test_a_masked_rnn_runs_no_step_outside_its_loop():
+    # the zeros that the output starts from are the state's where they have its
+    # shape: no step is computed before the loop for the output's shape alone
+    mask = K.placeholder((None, T), dtype="bool")
+    _, x, h0, _last, outputs, _ = build_rnn(mask=mask)
+    fn = K.function([x, h0, mask], [outputs])
+    outer_dots = [n for n in toposort(fn.plan.targets) if n.op == "dot"]
+    assert all(n.shape == (T, None, U) for n in outer_dots)  # at most the input projection
+    xv, hv = _two_state_values()[:2]
+    want = numpy_rnn(xv, *weights(), hv, TF_MASK)[1]
+    np.testing.assert_allclose(fn([xv, hv, TF_MASK])[0], want, rtol=1e-10, atol=1e-12)
+
+
 def test_a_masked_rnn_gives_the_same_bits_in_its_compiled_loop_and_from_python(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")

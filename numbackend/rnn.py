@@ -11,13 +11,22 @@ def _time_major(x):
     return apply("transpose", x, axes=(1, 0) + tuple(range(2, x.ndim)))
 
 
-def _same_shape(a, b):
-    return len(a) == len(b) and all(x is None or y is None or x == y for x, y in zip(a, b))
-
-
 def _mask_for(m_t, target):
     """The per-step mask (batch,) shaped to broadcast against ``target``."""
     return apply("reshape", m_t, shape=(-1,) + (1,) * (target.ndim - 1))
+
+
+def _zero_output(first_output, initial_states):
+    """Zeros like the step's output.  Where the first state has the output's
+    static shape and dtype (Keras's cells), zeros like that state: the plan then
+    runs no step outside the loop for the output's shape alone.  Should the two
+    still differ at run time, the scan's check of the carried state's shape
+    fails on the first step."""
+    if initial_states:
+        state = initial_states[0]
+        if state.shape == first_output.shape and state.dtype == first_output.dtype:
+            return zeros_like(state)
+    return zeros_like(first_output)
 
 
 def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, constants=None,
@@ -27,10 +36,11 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
     ``step_function(input_t, states + constants)`` returns ``(output_t,
     new_states)``, with ``input_t`` of shape (batch, ...).  With ``mask`` (a
     (batch, time) boolean tensor), a masked step leaves the states unchanged
-    and its output is the first state's previous value, as in the TensorFlow
-    backend.  ``go_backwards`` walks the time axis in reverse (the outputs come
-    in that reversed order).  ``unroll`` and ``input_length`` are accepted for
-    compatibility: the loop is always one compiled scan.
+    and repeats the previous step's output (zeros before the first kept step),
+    as in the TensorFlow backend.  ``go_backwards`` walks the time axis in
+    reverse (the outputs come in that reversed order).  ``unroll`` and
+    ``input_length`` are accepted for compatibility: the loop is always one
+    compiled scan, with the same results as an unrolled one.
 
     Returns ``(last_output, outputs, new_states)``: the last step's output
     (batch, ...), all outputs (batch, time, ...) and the final states.
@@ -67,14 +77,12 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
                                     tuple(initial_states) + tuple(constants))
     first_output = as_tensor(first_output, where="rnn")
     n_states = len(initial_states)
-    # masked steps repeat the first state where it can stand for the output
-    # (Keras's cells); otherwise the previous output, carried as an extra state
-    carry_output = mask is not None and (
-        not initial_states or not _same_shape(initial_states[0].shape, first_output.shape)
-        or initial_states[0].dtype != first_output.dtype)
     states = list(initial_states)
-    if carry_output:
-        states.append(zeros_like(first_output))
+    if mask is not None:
+        # masked steps repeat the previous output, carried as an extra state that
+        # starts at zeros: not the first state, even where that is the output
+        # (Keras's cells), as a masked first step outputs zeros
+        states.append(_zero_output(first_output, initial_states))
     uses_learning_phase = []
 
     def step(slices, carried):
@@ -84,12 +92,10 @@ def rnn(step_function, inputs, initial_states, go_backwards=False, mask=None, co
         uses_learning_phase.append(getattr(output, "_uses_learning_phase", False))
         if mask is not None:
             m_t = slices[1]
-            previous = carried[n_states] if carry_output else carried[0]
-            output = apply("where", _mask_for(m_t, output), output, previous)
+            output = apply("where", _mask_for(m_t, output), output, carried[n_states])
             new_states = [apply("where", _mask_for(m_t, new), new, old)
                           for new, old in zip(new_states, carried[:n_states])]
-            if carry_output:
-                new_states.append(output)
+            new_states.append(output)
         return [output], new_states
 
     (outputs,), history = scan(step, sequences, states, where="rnn")

@@ -26,15 +26,19 @@ def weights(dtype="float64"):
 
 
 def numpy_rnn(x, w, u, b, h0, mask=None, backwards=False, const=0.0):
-    """tanh RNN h_t = tanh(x_t w + h_{t-1} u + b + const); TF's masking rule."""
-    h, outs = h0, []
+    """tanh RNN h_t = tanh(x_t w + h_{t-1} u + b + const); TF's masking rule: a
+    masked step keeps the state and repeats the previous output, zeros before
+    the first kept step."""
+    h, out, outs = h0, np.zeros_like(h0), []
     steps = range(x.shape[1] - 1, -1, -1) if backwards else range(x.shape[1])
     for t in steps:
         new = np.tanh(x[:, t] @ w + h @ u + b + const)
-        if mask is not None:
-            new = np.where(mask[:, t][:, None], new, h)
-        h = new
-        outs.append(h)
+        if mask is None:
+            h = out = new
+        else:
+            kept = mask[:, t][:, None]
+            h, out = np.where(kept, new, h), np.where(kept, new, out)
+        outs.append(out)
     return h, np.stack(outs, axis=1)
 
 
@@ -139,6 +143,154 @@ def test_masked_steps_repeat_the_previous_output_when_it_is_not_a_state():
         out = np.where(m, h.sum(axis=1, keepdims=True), out)
         want.append(out)
     np.testing.assert_allclose(got, np.stack(want, axis=1))
+
+
+# each row a kind of mask, read forwards or backwards (go_backwards): the first
+# steps masked, holes in the middle, every step masked, the last steps masked
+TF_MASK = np.array([[0, 0, 1, 1, 1], [1, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 0, 0]], dtype=bool)
+
+
+def numpy_tf_rnn(step, x, states, mask, backwards):
+    """TensorFlow's ``rnn`` with a mask, written out: each step's output is
+    ``where(mask_t, output, previous output)``, the previous output starting at
+    zeros, and each state ``where(mask_t, new state, state)``."""
+    previous, outputs = None, []
+    for t in (range(x.shape[1] - 1, -1, -1) if backwards else range(x.shape[1])):
+        output, new_states = step(x[:, t], states)
+        if previous is None:
+            previous = np.zeros_like(output)
+        kept = mask[:, t].reshape((-1,) + (1,) * (output.ndim - 1))
+        output = np.where(kept, output, previous)
+        states = [np.where(kept, new, old) for new, old in zip(new_states, states)]
+        previous = output
+        outputs.append(output)
+    return outputs[-1], np.stack(outputs, axis=1), states
+
+
+def _two_state_step(dot, tanh, w, u, b):
+    """h_t = tanh(x_t w + h u + b), c_t = c + h_t; the output tanh(h_t + c_t) is no state."""
+    def step(x_t, states):
+        h, c = states
+        h = tanh(dot(x_t, w) + dot(h, u) + b)
+        c = c + h
+        return tanh(h + c), [h, c]
+    return step
+
+
+def _build_two_state_rnn(go_backwards, unroll):
+    w, u, b = (K.variable(v, dtype="float64") for v in weights())
+    x = K.placeholder((None, T, I), dtype="float64")
+    h0 = K.placeholder((None, U), dtype="float64")
+    c0 = K.placeholder((None, U), dtype="float64")
+    # a mask of any batch, as Keras's layers compute it: the gradient's loop compiles
+    mask = K.placeholder((None, T), dtype="bool")
+    last, outputs, (h, c) = K.rnn(_two_state_step(K.dot, K.tanh, w, u, b), x, [h0, c0],
+                                  go_backwards=go_backwards, unroll=unroll, input_length=T,
+                                  mask=mask)
+    return (w, u, b, x, h0, c0, mask), (last, outputs, h, c)
+
+
+def _two_state_values():
+    """x, h0 and c0 for TF_MASK's rows."""
+    rng = np.random.default_rng(5)
+    return [rng.standard_normal((len(TF_MASK), T, I)), rng.standard_normal((len(TF_MASK), U)),
+            rng.standard_normal((len(TF_MASK), U))]
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_masked_rnn_follows_tensorflows_rule(go_backwards, unroll):
+    # nonzero initial states: zeros, not the first state, before the first kept step
+    (_w, _u, _b, x, h0, c0, mask), results = _build_two_state_rnn(go_backwards, unroll)
+    xv, hv, cv = _two_state_values()
+    got = K.function([x, h0, c0, mask], list(results))([xv, hv, cv, TF_MASK])
+    step = _two_state_step(np.dot, np.tanh, *weights())
+    want_last, want_outputs, (want_h, want_c) = numpy_tf_rnn(step, xv, [hv, cv], TF_MASK,
+                                                              go_backwards)
+    for g, w in zip(got, [want_last, want_outputs, want_h, want_c]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(got[1][2], 0.0)  # the row whose steps are all masked
+    np.testing.assert_array_equal(got[2][2], hv[2])
+
+
+@pytest.mark.parametrize("unroll", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_masked_keras_style_rnn_outputs_zeros_before_its_first_kept_step(go_backwards, unroll):
+    # the output is the first state (Keras's cells): its initial value is no output
+    (_w, _u, _b), x, h0, last, outputs, states = build_rnn(
+        go_backwards=go_backwards, unroll=unroll, mask=K.constant(TF_MASK, dtype="bool"))
+    xv, hv = _two_state_values()[:2]
+    got = K.function([x, h0], [last, outputs, states[0]])([xv, hv])
+    w_v, u_v, b_v = weights()
+
+    def step(x_t, states):
+        h = np.tanh(x_t @ w_v + states[0] @ u_v + b_v)
+        return h, [h]
+    want_last, want_outputs, (want_h,) = numpy_tf_rnn(step, xv, [hv], TF_MASK, go_backwards)
+    for g, w in zip(got, [want_last, want_outputs, want_h]):
+        np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_masked_rnn_gradients_match_finite_differences(go_backwards):
+    # a masked step passes the gradient on to the previous output and states
+    (w, u, b, x, h0, c0, mask), (last, outputs, h, c) = _build_two_state_rnn(go_backwards, False)
+    rng = np.random.default_rng(6)
+    target, h_target = rng.standard_normal((len(TF_MASK), T, U)), rng.standard_normal(U)
+    loss = K.sum(outputs * target) + K.sum(K.square(last)) + K.sum(h * h_target) + K.sum(c)
+    variables = [w, u, b, x, h0, c0]
+    fn = K.function([x, h0, c0, mask], K.gradients(loss, variables))
+    values = list(weights()) + _two_state_values()
+    got = fn(values[3:] + [TF_MASK])
+
+    def numpy_loss(w_, u_, b_, x_, h_, c_):
+        step = _two_state_step(np.dot, np.tanh, w_, u_, b_)
+        last_, outputs_, (h_, c_) = numpy_tf_rnn(step, x_, [h_, c_], TF_MASK, go_backwards)
+        return (outputs_ * target).sum() + (last_ ** 2).sum() + (h_ * h_target).sum() + c_.sum()
+
+    for k, value in enumerate(values):
+        def f(v, k=k):
+            args = list(values)
+            args[k] = v
+            return numpy_loss(*args)
+        np.testing.assert_allclose(got[k], numeric_gradient(f, value), rtol=1e-5, atol=1e-7,
+                                   err_msg=f"d loss / d {['w', 'u', 'b', 'x', 'h0', 'c0'][k]}")
+
+
+def test_a_masked_rnn_runs_no_step_outside_its_loop():
+    # the zeros that the output starts from are the state's where they have its
+    # shape: no step is computed before the loop for the output's shape alone
+    mask = K.placeholder((None, T), dtype="bool")
+    _, x, h0, _last, outputs, _ = build_rnn(mask=mask)
+    fn = K.function([x, h0, mask], [outputs])
+    outer_dots = [n for n in toposort(fn.plan.targets) if n.op == "dot"]
+    assert all(n.shape == (T, None, U) for n in outer_dots)  # at most the input projection
+    xv, hv = _two_state_values()[:2]
+    want = numpy_rnn(xv, *weights(), hv, TF_MASK)[1]
+    np.testing.assert_allclose(fn([xv, hv, TF_MASK])[0], want, rtol=1e-10, atol=1e-12)
+
+
+def test_a_masked_rnn_gives_the_same_bits_in_its_compiled_loop_and_from_python(monkeypatch):
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan as scan_module
+    (w, u, b, x, h0, c0, mask), (last, outputs, h, c) = _build_two_state_rnn(True, False)
+    loss = K.sum(outputs * outputs) + K.sum(K.square(last)) + K.sum(h * c)
+    fn = K.function([x, h0, c0, mask],
+                    [last, outputs, h, c] + K.gradients(loss, [w, u, b, x, h0, c0]))
+    values = _two_state_values() + [TF_MASK]
+    counts = _count_step_runs(fn)
+    compiled = [np.array(v, copy=True) for v in fn(values)]
+    assert counts == {"rnn": 1, "rnn gradient": 1}
+    monkeypatch.setattr(scan_module.Body, "loop", lambda self, n_stacked: None)
+    counts = _count_step_runs(fn)
+    from_python = fn(values)
+    assert counts == {"rnn": T, "rnn gradient": T}
+    for a, p in zip(compiled, from_python):
+        np.testing.assert_array_equal(a, p)
+    step = _two_state_step(np.dot, np.tanh, *weights())
+    np.testing.assert_allclose(compiled[1], numpy_tf_rnn(step, values[0], values[1:3], TF_MASK,
+                                                         True)[1], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("compiled_loops", [True, False])

@@ -119,9 +119,9 @@ AVAILABLE = _bind()
 # compiled code through the symbol numbackend_pool_state: [0] the
 # CLOCK_MONOTONIC time in ns until which parts run on the calling thread
 # alone, [1] the address of the compiled part that times each part, [2] how
-# many runs found a thread late, [3] how many runs in a row did.  An array of
-# this module's, so its address holds for the process.
-pool_state = np.zeros(4, np.int64)
+# many runs in a row found a thread late.  An array of this module's, so its
+# address holds for the process.
+pool_state = np.zeros(3, np.int64)
 llvm.add_symbol("numbackend_pool_state", pool_state.ctypes.data)
 _libc = ctypes.CDLL(None)
 llvm.add_symbol("numbackend_clock_gettime", ctypes.cast(_libc.clock_gettime, ctypes.c_void_p).value)

@@ -12,7 +12,6 @@ waited 2-12 ms for a core.
 """
 import ctypes
 import functools
-import time
 
 import numpy as np
 from llvmlite import ir
@@ -160,7 +159,7 @@ def _pool_state(typingctx):
     def codegen(context, builder, sig, args):
         state = builder.module.globals.get("numbackend_pool_state")
         if state is None:
-            state = ir.GlobalVariable(builder.module, ir.ArrayType(ir.IntType(64), 4),
+            state = ir.GlobalVariable(builder.module, ir.ArrayType(ir.IntType(64), 3),
                                       "numbackend_pool_state")
             state.linkage = "external"
         return builder.ptrtoint(state, ir.IntType(64))
@@ -210,7 +209,7 @@ def run_on_pool(count, function, arguments, step):
     one after another on the calling thread for a while after a run found a
     thread late (see LATE_START_NS).  The same parts either way, so the same
     results.  Under blas._parts_lock."""
-    state = array_at(_pool_state(), (4,), np.int64)
+    state = array_at(_pool_state(), (3,), np.int64)
     start = _now_ns()
     if start < state[0]:
         # the products inside the parts on this thread too: OpenBLAS's threads
@@ -230,18 +229,12 @@ def run_on_pool(count, function, arguments, step):
     for i in range(1, count):
         latest = max(latest, timing[i, 2])
     if latest - start <= max(LATE_START_NS, own):
-        state[3] = 0
+        state[2] = 0
         return
     state[2] += 1
-    state[3] += 1
-    if state[3] >= LATE_RUNS:
+    if state[2] >= LATE_RUNS:
         state[0] = _now_ns() + CONTENDED_SERIAL_NS
-        state[3] = 0
-
-
-def contended():
-    """Whether parts run on the calling thread alone for now (see run_on_pool)."""
-    return time.monotonic_ns() < blas.pool_state[0]
+        state[2] = 0
 
 
 def pool_from_compiled():

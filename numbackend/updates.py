@@ -4,11 +4,15 @@ from .graph import Update, Variable, format_shape
 from .ops import apply, as_tensor
 
 
+def _check(x, where):
+    if not isinstance(x, Variable):
+        raise TypeError(f"{where}: expected a variable, got {x!r}")
+
+
 def _assignment(x, new_x, where):
     """The Update x <- new_x, its value cast to x's dtype; a new value whose shape
     is known and differs from x's is refused here."""
-    if not isinstance(x, Variable):
-        raise TypeError(f"{where}: expected a variable, got {x!r}")
+    _check(x, where)
     new_x = as_tensor(new_x, dtype=x.dtype, where=where)
     if None not in new_x.shape and new_x.shape != x.shape:
         raise ValueError(f"{where}: variable {x.name!r} has shape {format_shape(x.shape)}, "
@@ -41,11 +45,6 @@ def moving_average_update(x, value, momentum):
     return _assignment(x, apply("add", apply("multiply", x, momentum),
                                 apply("multiply", value, apply("subtract", 1, momentum))),
                        "moving_average_update")
-
-
-def _check(x, where):
-    if not isinstance(x, Variable):
-        raise TypeError(f"{where}: expected a variable, got {x!r}")
 
 
 def stop_gradient(variables):

@@ -1005,6 +1005,7 @@ class Function:
             dtype, ndim, known = self._expected[i]
             arr = value if type(value) is np.ndarray else np.asarray(value)
             if arr.dtype != dtype and not _castable(arr, dtype):
+                _refuse_sparse(i, self.inputs[i], value)
                 raise TypeError(f"function: input {i} ({self.inputs[i].name!r}) has dtype "
                                 f"{dtype}; cannot cast a {arr.dtype} array to it")
             shape = arr.shape
@@ -1106,6 +1107,17 @@ def _fork_gate():
     # jit_kernels is loaded on a function's first call, not when numbackend is imported
     from jit_kernels import fork_gate
     return fork_gate
+
+
+def _refuse_sparse(i, placeholder, value):
+    """Raise where a scipy.sparse matrix is fed to dense input ``i``: as
+    TensorFlow, numbackend does not make it dense (Keras does, before its calls)."""
+    from .sparse import is_scipy_sparse
+    if is_scipy_sparse(value):
+        raise TypeError(f"function: input {i} ({placeholder.name!r}) is dense, of shape "
+                        f"{format_shape(placeholder.shape)}: got a scipy.sparse matrix of shape "
+                        f"{value.shape}; feed value.toarray(), or make the input sparse "
+                        "(K.placeholder(..., sparse=True), Input(..., sparse=True))")
 
 
 def _castable(arr, dtype):

@@ -185,17 +185,19 @@ class SparseFunction:
         self.inputs = list(inputs)
         self.single_output = not isinstance(outputs, (list, tuple))
         self.outputs = [outputs] if self.single_output else list(outputs)
-        parts_in = []
+        parts_in, numbers = [], []
         for i, x in enumerate(self.inputs):
             if is_sparse(x):
                 if not x.is_placeholder:
                     raise TypeError(f"function: input {i} must be a placeholder, got the sparse "
                                     f"tensor {x.name!r} of shape {format_shape(x.shape)}")
                 parts_in += x.inputs
+                numbers += [i] * len(x.inputs)
             else:
                 parts_in.append(x)
+                numbers.append(i)
         parts_out = [p for o in self.outputs for p in (o.inputs if is_sparse(o) else (o,))]
-        self.function = Function(parts_in, parts_out, updates, name=name)
+        self.function = Function(parts_in, parts_out, updates, name=name, input_numbers=numbers)
         self.name = name
 
     def __call__(self, values=()):

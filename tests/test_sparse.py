@@ -106,17 +106,21 @@ def test_empty_sparse_matrix():
 def test_feeding_errors_name_the_input_and_shapes():
     x = K.placeholder((None, 5), sparse=True, name="sparse_in")
     d = K.placeholder((None, 5), name="dense_in")
-    f = K.function([d, x], [K.dot(x, K.variable(np.ones((5, 2)))) + K.sum(d)])
+    f = K.function([x, d], [K.dot(x, K.variable(np.ones((5, 2)))) + K.sum(d)])
     good = random_sparse(3, 5)
-    with pytest.raises(TypeError, match=r"function: input 1 \('sparse_in'\) is sparse.*"
+    with pytest.raises(TypeError, match=r"function: input 0 \('sparse_in'\) is sparse.*"
                                         r"scipy.sparse.*ndarray of shape \(3, 5\)"):
-        f([np.ones((3, 5)), good.toarray()])
-    with pytest.raises(TypeError, match=r"function: input 0 \('dense_in'\) is dense, of shape "
+        f([good.toarray(), np.ones((3, 5))])
+    # the dense input keeps its number in messages after a sparse one (of three parts)
+    with pytest.raises(TypeError, match=r"function: input 1 \('dense_in'\) is dense, of shape "
                                         r"\(None, 5\).*scipy.sparse matrix of shape \(3, 5\)"):
         f([good, good])
-    with pytest.raises(ValueError, match=r"input 1 \('sparse_in'\) expects shape \(None, 5\), "
+    with pytest.raises(ValueError, match=r"function: input 1 \('dense_in'\) expects shape "
+                                         r"\(None, 5\), got \(3, 4\)"):
+        f([good, np.ones((3, 4))])
+    with pytest.raises(ValueError, match=r"input 0 \('sparse_in'\) expects shape \(None, 5\), "
                                          r"got \(3, 4\)"):
-        f([np.ones((3, 5)), random_sparse(3, 4)])
+        f([random_sparse(3, 4), np.ones((3, 5))])
     with pytest.raises(ValueError, match="expected 2 input"):
         f([good])
     with pytest.raises(ValueError, match=r"sparse placeholders are 2-D, got shape \(None, 2, 3\)"):

@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from . import config, ops
+from . import config, ops, sparse
 from .graph import canonical_dtype, format_shape, is_tensor
 from .ops import apply, as_tensor
 
@@ -267,7 +267,13 @@ def cumprod(x, axis=0):
 
 def dot(x, y):
     """Matrix product of x and y; for N-D operands it contracts the last axis of x
-    with the second-to-last axis of y, as Theano does: (2, 3) . (4, 3, 5) -> (2, 4, 5)."""
+    with the second-to-last axis of y, as Theano does: (2, 3) . (4, 3, 5) -> (2, 4, 5).
+
+    A sparse x times a 2-D dense y is dense (``tf.sparse_tensor_dense_matmul``),
+    differentiable with respect to y and to x's values; a sparse y is refused,
+    as with TensorFlow."""
+    if sparse.is_sparse(x):
+        return sparse.matmul(x, y)
     x, y = as_tensor(x), as_tensor(y)
     if y.ndim <= 2:
         return apply("dot", x, y)
@@ -386,8 +392,13 @@ def in_top_k(predictions, targets, k):
 
 
 def concatenate(tensors, axis=-1):
-    """The tensors joined along ``axis``."""
-    return apply("concatenate", *tensors, axis=axis)
+    """The tensors joined along ``axis``.  As with TensorFlow's backend, sparse
+    tensors joined make a sparse tensor (``tf.sparse_concat``), sparse tensors
+    among dense ones are made dense first."""
+    tensors = list(tensors)
+    if tensors and builtins.all(sparse.is_sparse(t) for t in tensors):
+        return sparse.concatenate(tensors, axis)
+    return apply("concatenate", *[sparse.to_dense(t) for t in tensors], axis=axis)
 
 
 def reshape(x, shape):

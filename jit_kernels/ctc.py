@@ -42,27 +42,28 @@ _NEG_INF = -np.inf
 # Argument checks shared by the public functions
 
 
-def _as_logits(logits):
+def _as_logits(logits, where="ctc"):
     """(batch, time, classes) float32/float64 C-contiguous array."""
     logits = np.asarray(logits)
     if logits.ndim != 3:
-        raise ValueError(f"ctc: logits must be (batch, time, classes), got shape {logits.shape}")
+        raise ValueError(f"{where}: logits must be (batch, time, classes), got shape "
+                         f"{logits.shape}")
     if logits.shape[2] < 1:
-        raise ValueError("ctc: logits need at least one class (the blank)")
+        raise ValueError(f"{where}: logits need at least one class (the blank)")
     if logits.dtype not in (np.float32, np.float64):
         logits = logits.astype(np.float64)
     return np.ascontiguousarray(logits)
 
 
-def _as_lengths(lengths, batch, upper, what):
+def _as_lengths(lengths, batch, upper, what, where="ctc"):
     """(batch,) int64 array of lengths in 0 .. upper; accepts (batch, 1) as Keras passes."""
     lengths = np.asarray(lengths)
     if lengths.size != batch or (lengths.ndim > 1 and lengths.shape[0] != batch):
-        raise ValueError(f"ctc: {what} must hold one length per sample ({batch}), "
+        raise ValueError(f"{where}: {what} must hold one length per sample ({batch}), "
                          f"got shape {lengths.shape}")
     lengths = np.ascontiguousarray(lengths.reshape(batch), dtype=np.int64)
     if batch and (lengths.min() < 0 or lengths.max() > upper):
-        raise ValueError(f"ctc: {what} must lie in 0..{upper}, got {lengths.tolist()}")
+        raise ValueError(f"{where}: {what} must lie in 0..{upper}, got {lengths.tolist()}")
     return lengths
 
 
@@ -256,7 +257,10 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     """CTC loss of one label sequence on one sample's (time, classes) logits.
 
     Returns -log p(label); when compute_grad, fills grad (time, classes) with
-    d loss / d logits (grad may be empty otherwise).
+    d loss / d logits (grad may be empty otherwise).  A label with no
+    alignment of nonzero probability gives +inf and, as TensorFlow's
+    calculator ("No valid path found"), the softmax of the used frames as its
+    gradient.
 
     The extended label puts a blank before, between and after the L labels:
     states s = 0 .. 2L, blank i is s = 2i and label i is s = 2i + 1.  alpha is
@@ -276,11 +280,11 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     for i in range(1, n_labels):
         if label[i] == label[i - 1]:
             required_frames += 1
-    if n_frames < required_frames or n_frames == 0:
-        # No alignment exists (loss +inf, zero gradient), or an empty
-        # label on an empty input (probability 1: loss 0, zero gradient).
+    if n_frames == 0:
+        # An empty label on an empty input has probability 1; any other
+        # label none.  Either way no frame gets a gradient.
         grad[:, :] = 0.0
-        return np.inf if n_frames < required_frames else 0.0
+        return np.inf if required_frames > 0 else 0.0
     # can_skip[i]: label i may directly follow label i - 1 (no blank
     # between) because they differ.  One spare False at the end.
     can_skip = np.zeros(n_labels + 1, dtype=np.bool_)
@@ -309,6 +313,11 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
         emit_blank[t] = float(logits[t, blank]) - log_norm
         for i in range(n_labels):
             emit_label[t, i] = float(logits[t, label[i]]) - log_norm
+    if compute_grad:
+        grad[n_frames:, :] = 0.0
+    if n_frames < required_frames:
+        # No alignment exists: grad holds the softmax of the used frames.
+        return np.inf
 
     # Forward.  alpha_label[t, i + 1] holds label i: column 0 is a -inf
     # "label before the first blank".
@@ -331,9 +340,8 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     last = n_frames - 1
     log_prob = np.logaddexp(alpha_blank[last, n_labels], alpha_label[last, n_labels])
     if log_prob == _NEG_INF:
-        # Every alignment has probability zero (logits of -inf): treated
-        # like an impossible label, loss +inf and a zero gradient.
-        grad[:, :] = 0.0
+        # Every alignment has probability zero (logits of -inf): as an
+        # impossible label, grad holds the softmax of the used frames.
         return np.inf
     if not compute_grad:
         return -log_prob
@@ -382,7 +390,6 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
                       next_blank[first_blank:], n_blank)
         _add_emission(beta_label[first_label:], emit_label[t, first_label:], 1,
                       next_label[first_label:], n_label)
-    grad[n_frames:, :] = 0.0
     return -log_prob
 
 
@@ -404,23 +411,46 @@ def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                              input_lengths[sample], compute_grad, grad[row])
 
 
-def _as_labels(labels, label_lengths, batch, n_classes):
-    """Validated (batch, max_len) int64 labels and (batch,) int64 lengths."""
+def _tf_labels(labels, label_lengths, input_lengths, n_classes, where):
+    """The labels as TensorFlow's CTC loss reads them (its PopulateLPrimes).
+
+    Returns (batch, max_len) int64 labels and the (batch,) number of leading
+    real labels of each sample.  A class of ``n_classes - 1`` (the blank) or
+    more is a null label that ends the sequence: it and the null labels after
+    it are dropped, though they still count towards the frames needed.
+    Raises where TensorFlow raises, naming the sample.
+    """
+    batch = len(input_lengths)
     labels = np.asarray(labels)
     if labels.ndim != 2 or labels.shape[0] != batch:
-        raise ValueError(f"ctc: labels must be (batch={batch}, max_label_length), "
+        raise ValueError(f"{where}: labels must be (batch={batch}, max_label_length), "
                          f"got shape {labels.shape}")
     labels = np.ascontiguousarray(labels, dtype=np.int64)
-    label_lengths = _as_lengths(label_lengths, batch, labels.shape[1], "label_lengths")
-    used = np.arange(labels.shape[1])[None, :] < label_lengths[:, None]
-    bad = used & ((labels < 0) | (labels >= n_classes - 1))
-    if bad.any():
-        raise ValueError(f"ctc: labels must lie in 0..{n_classes - 2} (class {n_classes - 1} "
-                         f"is the blank); got {labels[bad].tolist()}")
-    return labels, label_lengths
+    label_lengths = _as_lengths(label_lengths, batch, labels.shape[1], "label_lengths", where)
+    blank = n_classes - 1
+    positions = np.arange(labels.shape[1])[None, :]
+    used = positions < label_lengths[:, None]
+    null = used & (labels >= blank)
+    real_lengths = np.where(null.any(axis=1), null.argmax(axis=1), label_lengths)
+    after_null = used & ~null & (positions > real_lengths[:, None])
+    empty = "has an empty label (label_length 0); TensorFlow's CTC loss needs one or more"
+    negative = "has a negative label"
+    real_after_null = f"has a label below {blank} after a null label ({blank} or more)"
+    too_long = ("has more labels than input frames (TensorFlow: \"Not enough time for "
+                "target transition sequence\")")
+    problems = [(label_lengths == 0, empty), ((used & (labels < 0)).any(axis=1), negative),
+                (after_null.any(axis=1), real_after_null), (label_lengths > input_lengths, too_long)]
+    for bad, what in problems:
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(f"{where}: sample {b} {what}: labels "
+                             f"{labels[b, :label_lengths[b]].tolist()}, input length "
+                             f"{input_lengths[b]}, {n_classes} classes")
+    return labels, real_lengths
 
 
-def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad=True):
+def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad=True,
+                      where="ctc"):
     """CTC loss per sample and its gradient with respect to the logits.
 
     What ``tf.nn.ctc_loss`` computes with ``preprocess_collapse_repeated=False,
@@ -431,11 +461,12 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
         logits: (batch, time, classes) unnormalised log-probabilities; softmax
             is applied over classes (Keras passes ``log(y_pred + epsilon)``).
             The blank is class ``classes - 1``.
-        labels: (batch, max_label_length) integer labels in 0..classes-2;
-            entries at and after ``label_lengths[b]`` are ignored (padding).
-        label_lengths: (batch,) or (batch, 1), each in 0..max_label_length.
-        input_lengths: (batch,) or (batch, 1), each in 0..time.
+        labels: (batch, max_label_length) integer labels; entries at and
+            after ``label_lengths[b]`` are ignored (padding).
+        label_lengths: (batch,) or (batch, 1), each in 1..max_label_length.
+        input_lengths: (batch,) or (batch, 1), each in label_lengths[b]..time.
         compute_grad: when False the gradient is skipped and returned as None.
+        where: the name errors start with.
 
     Returns:
         loss: (batch,) ``-log p(label | logits)``, summed over all alignments.
@@ -443,26 +474,73 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
             ``softmax(logits) - posterior occupancy of each class``; zero for
             frames at and after ``input_lengths[b]``.
 
-    A label that cannot be aligned (the input is shorter than the label plus
-    one blank between each pair of equal neighbours), or whose alignments all
-    have probability zero, gives ``loss = +inf`` (as PyTorch's ctc_loss) and
-    a zero gradient, not nan, so that one such sample leaves the rest of the
-    batch's gradient usable.  TF raises "Not enough time for target
-    transition sequence" instead.  An empty label on an empty input has
-    loss 0.  A label length beyond the labels' width is an error here; TF's
+    As TensorFlow's CTC loss:
+
+    * A class of ``classes - 1`` (the blank) or more in a label is a null
+      label: it ends the sequence, and only the labels before it are scored
+      (a real label after a null one is an error).  Keras's image_ocr example
+      trains on such one-item blank labels.
+    * A label whose items are all null is scored as TensorFlow 1 scores it
+      (a one-state lattice whose boundary writes fall outside it): for input
+      length T >= 2, ``-(sum_{t<T-1} log y_blank(t) + log(1 + y_blank(T-1)))``,
+      where the empty labelling's loss has ``log y_blank(T-1)`` for the last
+      term, and a gradient ``y - onehot(blank)`` except for the last frame's
+      blank entry, ``y_blank - y_blank / (1 + y_blank)``.  For T = 1 it is the
+      empty labelling's: ``-log y_blank(0)``.
+    * A label with no alignment (equal neighbours need a blank between them,
+      so it needs more frames than it has items) or whose alignments all have
+      probability zero has loss +inf, and the softmax of the used frames as
+      its gradient.
+    * Errors, naming the sample: an empty label (label length 0), a negative
+      label, a real label after a null one, and more label items than input
+      frames (TF: "Not enough time for target transition sequence").
+
+    A label length beyond the labels' width is an error here; TF's
     dense-to-sparse conversion in Keras would silently clip it.
     """
-    logits = _as_logits(logits)
+    logits = _as_logits(logits, where)
     batch, n_time, n_classes = logits.shape
-    labels, label_lengths = _as_labels(labels, label_lengths, batch, n_classes)
-    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths")
+    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths", where)
+    labels, real_lengths = _tf_labels(labels, label_lengths, input_lengths, n_classes, where)
     compute_grad = bool(compute_grad)
     loss = np.empty(batch, dtype=logits.dtype)
     grad_shape = logits.shape if compute_grad else (batch, 0, 0)  # (batch, 0, 0): unused
     grad = np.empty(grad_shape, dtype=logits.dtype)
-    _ctc_loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, label_lengths,
+    _ctc_loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, real_lengths,
                                 input_lengths, compute_grad, loss, grad)
+    _all_null_labels_as_tf1(logits, input_lengths, real_lengths == 0, loss, grad)
     return loss, (grad if compute_grad else None)
+
+
+def _all_null_labels_as_tf1(logits, input_lengths, all_null, loss, grad):
+    """Loss and gradient of the samples whose label items are all null, as
+    TensorFlow 1 computes them (see :func:`ctc_loss_and_grad`).
+
+    TF builds a one-state lattice (the blank) for such a label but still
+    writes the usual two start and two end states.  With its column-major
+    matrices the second end write lands on the state's beta one frame before
+    the last, which beta's recursion then adds to: beta(T-2) is
+    log(1 + y_blank(T-1)) instead of log y_blank(T-1).  The gradient's
+    occupancy of the blank is exp(alpha + beta - log p): 1 at every frame but
+    the last, where it is y_blank / (1 + y_blank).
+    """
+    blank = logits.shape[2] - 1
+    for b in np.nonzero(all_null)[0].tolist():
+        n_frames = int(input_lengths[b])
+        log_probs = _log_softmax(logits[b, :n_frames])
+        log_blank = log_probs[:, blank]
+        occupancy = np.ones(n_frames)
+        if n_frames >= 2:
+            log_p = log_blank[:-1].sum() + np.log1p(np.exp(log_blank[-1]))
+            occupancy[-1] = np.exp(log_blank[-1] - np.log1p(np.exp(log_blank[-1])))
+        else:
+            log_p = log_blank[0]
+        loss[b] = -log_p
+        if grad.size:
+            grad[b] = 0.0
+            grad[b, :n_frames] = np.exp(log_probs)
+            if log_p > _NEG_INF:  # else, as TF, no valid path: the softmax alone
+                grad[b, :n_frames, blank] -= occupancy
 
 
 def _ctc_loss_kernel_for_here():

@@ -28,8 +28,17 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
     whole numbers is accepted, as Keras models often feed one), ``y_pred``
     (samples, time, classes) softmax output with the blank last,
     ``input_length`` and ``label_length`` (samples, 1) (or (samples,)).
-    Differentiable with respect to ``y_pred``.  A label that cannot be
-    aligned with its input (too long) has loss +inf and a zero gradient.
+    Differentiable with respect to ``y_pred``.
+
+    Labels are read as TensorFlow's CTC loss reads them: a class of
+    ``classes - 1`` (the blank) or more ends the label, and only the labels
+    before it are scored; a label of blanks only (Keras's image_ocr example
+    trains on such samples) gets TensorFlow 1's finite loss.  A label that
+    cannot be aligned (equal neighbours need a blank frame between them) has
+    loss +inf.  An empty label, a negative one, a real label after a blank,
+    or more label items than input frames raise a ValueError naming the
+    sample when the function runs.  ``jit_kernels.ctc.ctc_loss_and_grad``
+    has the details.
     """
     logits = _logits(y_pred, "ctc_batch_cost")
     return apply("ctc_loss", logits, as_tensor(y_true, where="ctc_batch_cost"),

@@ -1150,12 +1150,13 @@ def _ctc_loss_infer(inputs, attrs):
 
 def _ctc_loss(logits, labels, label_lengths, input_lengths):
     loss, _ = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
-                                               compute_grad=False)
+                                               compute_grad=False, where="ctc_batch_cost")
     return loss.reshape(-1, 1)
 
 
 def _ctc_loss_and_grad(logits, labels, label_lengths, input_lengths):
-    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
+    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
+                                                  where="ctc_batch_cost")
     return loss.reshape(-1, 1).astype(logits.dtype), grad.astype(logits.dtype, copy=False)
 
 

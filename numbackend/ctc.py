@@ -54,9 +54,13 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1,
     ``greedy=True``: best path (argmax per frame, merge repeats, drop blanks);
     its log-probability is minus the sum of each frame's largest
     ``log(y_pred + epsilon)``, as TensorFlow's greedy decoder gives it.
-    ``greedy=False``: prefix beam search of width ``beam_width`` returning the
-    ``top_paths`` most probable label sequences (``merge_repeated`` as Keras
-    2.2.5: merge runs of a label in the returned sequences).
+    ``greedy=False``: TensorFlow's prefix beam search of width ``beam_width``
+    (``tf.nn.ctc_beam_search_decoder``, step by step, so that it prunes as
+    TensorFlow does), returning the ``top_paths`` most probable label
+    sequences and their log-probabilities (``merge_repeated`` as Keras 2.2.5:
+    merge runs of a label in the returned sequences).  A sample whose beam
+    holds fewer than ``top_paths`` prefixes raises a ValueError when the
+    function runs, as in TensorFlow.
 
     The Keras 1 form: with ``greedy=False`` and a dictionary ``dict_values`` (a
     list of label lists; entry i of length ``dict_seq_lens[i]``, or its own

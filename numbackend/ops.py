@@ -1193,7 +1193,8 @@ def _ctc_decode(logits, input_lengths, mode, top_paths, beam_width=None, merge_r
         paths = [path]
     elif mode == "beam":
         paths, log_prob = ctc.ctc_beam_search_decode(logits, input_lengths, beam_width, top_paths,
-                                                     merge_repeated=merge_repeated)
+                                                     merge_repeated=merge_repeated,
+                                                     where="ctc_decode")
     else:
         paths, log_prob = ctc.ctc_dictionary_decode(logits, input_lengths, dict_seq_lens,
                                                     dict_values, beam_width, top_paths)

@@ -172,6 +172,16 @@ def test_ctc_decode_beam_search_against_enumeration(merge_repeated):
             np.testing.assert_allclose(lp[b, k], np.log(p), rtol=1e-10)
 
 
+def test_ctc_decode_beam_search_with_too_few_prefixes_raises():
+    y = np.full((2, 3, 3), 1 / 3)
+    py, pil = K.placeholder((None, None, 3), dtype="float64"), K.placeholder((None,))
+    decoded, _ = ctc.ctc_decode(py, pil, greedy=False, beam_width=4, top_paths=2)
+    f = K.function([py, pil], decoded)
+    f([y, np.array([3, 1])])
+    with pytest.raises(ValueError, match="ctc_decode: sample 1 has 1 prefixes"):
+        f([y, np.array([3, 0])])
+
+
 def test_ctc_decode_dictionary_exact_and_beam():
     rng = np.random.default_rng(4)
     y = rng.dirichlet(np.ones(4), size=(2, 5))

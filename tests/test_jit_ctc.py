@@ -401,6 +401,8 @@ def test_greedy_decode_all_empty():
 
 def test_wide_beam_search_is_exact(tiny_batch):
     logits, _, _, input_lengths = tiny_batch
+    with_frames = input_lengths > 0  # no frames: one prefix, fewer than top_paths
+    logits, input_lengths = logits[with_frames], input_lengths[with_frames]
     top_paths = 4
     decoded, log_probs = ctc_beam_search_decode(logits, input_lengths, beam_width=1000,
                                                 top_paths=top_paths)
@@ -408,15 +410,119 @@ def test_wide_beam_search_is_exact(tiny_batch):
     for b, n_frames in enumerate(input_lengths):
         best = ranked(labelling_log_probs(logits[b], n_frames))
         for k in range(top_paths):
-            if k < len(best):
-                label, expected = best[k]
-                np.testing.assert_allclose(log_probs[b, k], expected, rtol=1e-10)
-            else:  # fewer labellings than top_paths (no frames: only the empty one)
-                label = ()
-                assert log_probs[b, k] == -np.inf
+            label, expected = best[k]
+            np.testing.assert_allclose(log_probs[b, k], expected, rtol=1e-10)
             row = decoded[k][b].tolist()
             assert row == list(label) + [-1] * (decoded[k].shape[1] - len(label))
     assert (log_probs[:, :-1] >= log_probs[:, 1:]).all()
+
+
+def test_beam_search_with_fewer_prefixes_than_top_paths_raises():
+    """As TensorFlow: "Less leaves in the beam search than requested"."""
+    logits = np.random.default_rng(10).normal(size=(2, 2, 3))
+    decoded, log_probs = ctc_beam_search_decode(logits, [2, 0], beam_width=5, top_paths=1)
+    assert decoded[0][1].tolist() == [-1] and log_probs[1, 0] == 0.0
+    with pytest.raises(ValueError, match=r"ctc_decode: sample 1 has 1 prefixes .* top_paths=2"):
+        ctc_beam_search_decode(logits, [2, 0], beam_width=5, top_paths=2, where="ctc_decode")
+    # One frame, two labels: the empty prefix and two one-label ones.
+    ctc_beam_search_decode(logits, [1, 1], beam_width=5, top_paths=3)
+    with pytest.raises(ValueError, match="sample 0 has 3 prefixes"):
+        ctc_beam_search_decode(logits, [1, 1], beam_width=5, top_paths=4)
+
+
+class TFBeamEntry:
+    """A prefix of TensorFlow's beam search (BeamEntry): (total, blank, label)
+    log-probabilities after the frame (new) and before it (old)."""
+
+    def __init__(self, parent, label):
+        self.parent, self.label, self.children = parent, label, {}
+        self.new = [-np.inf] * 3
+        self.old = [-np.inf] * 3
+
+    def labels(self):
+        return [] if self.parent is None else self.parent.labels() + [self.label]
+
+
+def tf_is_candidate(log_prob, leaves, beam_width):
+    """Nonzero, and the beam has room or its least probable entry is less probable."""
+    return log_prob > -np.inf and (len(leaves) < beam_width or
+                                   log_prob > min(e.new[0] for e in leaves))
+
+
+def tf_beam_search(logits, beam_width):
+    """TensorFlow's CTCBeamSearchDecoder::Step, line by line, on one sample's
+    (frames, classes) logits: the beam a plain list, its least probable entry
+    found by a scan.  Returns [(labels, log-probability)], best first."""
+    blank = logits.shape[1] - 1
+    root = TFBeamEntry(None, -1)
+    root.new = [0.0, 0.0, -np.inf]
+    leaves = [root]
+    for frame in log_softmax(logits):
+        branches = sorted(leaves, key=lambda entry: -entry.new[0])
+        for entry in branches:
+            entry.old = list(entry.new)
+        leaves = []
+        for entry in branches:
+            if entry.parent is not None:
+                parent = entry.parent
+                if parent.new[0] > -np.inf:
+                    previous = parent.old[1] if entry.label == parent.label else parent.old[0]
+                    entry.new[2] = np.logaddexp(entry.new[2], previous)
+                entry.new[2] += frame[entry.label]
+            entry.new[1] = entry.old[0] + frame[blank]
+            entry.new[0] = np.logaddexp(entry.new[1], entry.new[2])
+            leaves.append(entry)
+
+        for entry in branches:
+            if not tf_is_candidate(entry.old[0], leaves, beam_width):
+                continue
+            for label in range(blank):
+                child = entry.children.setdefault(label, TFBeamEntry(entry, label))
+                if child.new[0] > -np.inf:  # in the beam
+                    continue
+                previous = entry.old[1] if label == entry.label else entry.old[0]
+                child.new = [frame[label] + previous, -np.inf, frame[label] + previous]
+                if tf_is_candidate(child.new[0], leaves, beam_width):
+                    if len(leaves) == beam_width:
+                        bottom = min(leaves, key=lambda e: e.new[0])
+                        bottom.new = [-np.inf] * 3
+                        leaves.remove(bottom)
+                    leaves.append(child)
+                else:
+                    child.new = [-np.inf] * 3
+                    child.old = [-np.inf] * 3
+    return [(e.labels(), e.new[0]) for e in sorted(leaves, key=lambda e: -e.new[0])]
+
+
+def test_beam_search_follows_tensorflow_step_by_step():
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        n_classes, n_frames = int(rng.integers(2, 5)), int(rng.integers(1, 7))
+        beam_width = int(rng.integers(1, 6))
+        logits = rng.normal(scale=2.0, size=(1, n_frames, n_classes))
+        expected = tf_beam_search(logits[0], beam_width)
+        top_paths = min(beam_width, len(expected))
+        decoded, log_probs = ctc_beam_search_decode(logits, [n_frames], beam_width, top_paths)
+        for k, (labels, log_prob) in enumerate(expected[:top_paths]):
+            assert [c for c in decoded[k][0].tolist() if c >= 0] == labels, seed
+            np.testing.assert_allclose(log_probs[0, k], log_prob, rtol=1e-12, atol=1e-12)
+
+
+def test_beam_search_drops_an_entry_offered_again_after_leaving_the_beam():
+    """A beam of 2 over 5 frames where TensorFlow's order matters: at the last
+    frame [1, 0] (a child of [1]) pushes [1, 1] out of the beam; [1] then
+    offers [1, 1] again as its extension by 1, too improbable to enter, which
+    zeroes [1, 1]'s probabilities, so [1, 1] is not extended to the likely
+    [1, 1, 0].  Keeping the 2 most probable prefixes would return [1, 1, 0]
+    second."""
+    probs = np.array([[0.176, 0.626, 0.198], [0.068, 0.801, 0.131], [0.0001, 0.663, 0.3369],
+                      [0.08, 0.321, 0.6], [0.973, 0.001, 0.026]])
+    expected = tf_beam_search(np.log(probs), 2)
+    assert [labels for labels, _ in expected] == [[1, 0], [1]]
+    decoded, log_probs = ctc_beam_search_decode(np.log(probs)[None], [5], 2, 2)
+    assert decoded[0].tolist() == [[1, 0]] and decoded[1].tolist() == [[1]]
+    np.testing.assert_allclose(log_probs[0], [log_prob for _, log_prob in expected],
+                               rtol=1e-12)
 
 
 def test_narrow_beam_keeps_fewer_alignments():

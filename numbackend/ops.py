@@ -1322,12 +1322,13 @@ def _ctc_loss_infer(inputs, attrs):
 
 def _ctc_loss(logits, labels, label_lengths, input_lengths):
     loss, _ = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
-                                               compute_grad=False)
+                                               compute_grad=False, where="ctc_batch_cost")
     return loss.reshape(-1, 1)
 
 
 def _ctc_loss_and_grad(logits, labels, label_lengths, input_lengths):
-    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
+    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
+                                                  where="ctc_batch_cost")
     return loss.reshape(-1, 1).astype(logits.dtype), grad.astype(logits.dtype, copy=False)
 
 
@@ -1364,7 +1365,8 @@ def _ctc_decode(logits, input_lengths, mode, top_paths, beam_width=None, merge_r
         paths = [path]
     elif mode == "beam":
         paths, log_prob = ctc.ctc_beam_search_decode(logits, input_lengths, beam_width, top_paths,
-                                                     merge_repeated=merge_repeated)
+                                                     merge_repeated=merge_repeated,
+                                                     where="ctc_decode")
     else:
         paths, log_prob = ctc.ctc_dictionary_decode(logits, input_lengths, dict_seq_lens,
                                                     dict_values, beam_width, top_paths)

@@ -60,6 +60,11 @@ DESELECTED = {
         "downloads imagenet_class_index.json from the internet",
     "tests/integration_tests/preprocessing/text_test.py::test_tokenizer":
         "keras_preprocessing calls np.max on a ragged list, an error since NumPy 1.24",
+    **{f"tests/keras/test_callbacks.py::{name}":
+       "keras.callbacks.TensorBoard writes TensorFlow summaries: it needs TensorFlow"
+       for name in ["test_TensorBoard", "test_TensorBoard_multi_input_output",
+                    "test_TensorBoard_convnet", "test_TensorBoard_display_float_from_logs",
+                    "test_TensorBoard_with_ReduceLROnPlateau"]},
     "tests/keras/backend/backend_test.py::TestBackend::test_resize_images_bilinear":
         "compares TensorFlow's bilinear resize with Theano's and expects Theano's "
         "NotImplementedError for factors other than 2; ours is checked against a NumPy "

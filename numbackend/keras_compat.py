@@ -68,6 +68,13 @@ Keras's long attribute lists (layer and weight names over HDF5's 64 KB header
 limit) are split into chunks ``weight_names0``, ``weight_names1``... of
 fixed-length strings; the loaders above read them whichever way they are stored.
 
+``keras.backend.clear_session`` = ``numbackend.clear_session``
+    ``keras/backend/__init__.py`` exports ``clear_session`` for TensorFlow and
+    CNTK only. Installed when ``keras.engine.base_layer`` has been imported
+    (``keras.backend`` is still executing when it loads numbackend; base_layer
+    comes after it, before any layer is made), and only where Keras's backend
+    is numbackend.
+
 Not fixed here (not on a normal path): ``keras/backend/numpy_backend.py`` uses
 ``np.int``, but it is Keras's test reference, never loaded as a backend.
 """
@@ -299,8 +306,27 @@ def _patch_saving(module):
     _APPLIED.append('keras.engine.saving (h5py 3 string attributes)')
 
 
+# ------------------------------------------------ keras.backend.clear_session
+
+def _install_clear_session(module):
+    """``keras.backend.clear_session`` = numbackend's, where Keras left it out.
+
+    Runs when ``keras.engine.base_layer`` (``module``, unused) has been imported:
+    ``keras.backend`` is still executing when it loads numbackend, and
+    base_layer is imported after it has finished, before any layer is made."""
+    backend = sys.modules.get('keras.backend')
+    loaded = sys.modules.get('keras.backend.load_backend')
+    core = sys.modules.get('numbackend.core')
+    if backend is None or loaded is None or core is None or hasattr(backend, 'clear_session'):
+        return
+    if getattr(loaded, 'clear_session', None) is core.clear_session:  # Keras's backend is ours
+        backend.clear_session = core.clear_session
+        _APPLIED.append('keras.backend.clear_session')
+
+
 _MODULE_PATCHES = {
     'keras.utils.io_utils': _patch_io_utils,
+    'keras.engine.base_layer': _install_clear_session,
     'keras.engine.saving': _patch_saving,
 }
 

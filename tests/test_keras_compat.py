@@ -457,3 +457,30 @@ def test_model_saves_to_streams_groups_and_pickles(tmp_path):
     assert sorted(errors) == ['binary_file', 'bytes_io', 'h5py_file', 'h5py_group', 'model',
                               'pickle']
     assert max(errors.values()) < 1e-6
+
+
+_CLEAR_SESSION = """
+import json
+import numbackend
+from keras import backend as K
+from keras.layers import Dense, Input
+from keras.models import Model
+
+def build():
+    x = Input((2,))
+    return Model(x, Dense(1)(x))
+
+first = build()
+K.clear_session()
+second = build()
+print(json.dumps({'ours': K.clear_session is numbackend.clear_session,
+                  'layers': [[layer.name for layer in m.layers] for m in (first, second)],
+                  'weights': [[w.name for w in m.weights] for m in (first, second)]}))
+"""
+
+
+@pytest.mark.skipif(_KERAS is None, reason='keras 2.2.5 is not installed')
+def test_clear_session_through_keras_backend_restarts_names(tmp_path):
+    report = json.loads(_run_with_numbackend(tmp_path, _CLEAR_SESSION))
+    assert report == {'ours': True, 'layers': [['input_1', 'dense_1']] * 2,
+                      'weights': [['dense_1/kernel:0', 'dense_1/bias:0']] * 2}

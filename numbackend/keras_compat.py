@@ -74,6 +74,13 @@ fixed-length strings; the loaders above read them whichever way they are stored.
     (``keras.backend`` is still executing when it loads numbackend; base_layer
     comes after it, before any layer is made), and only where Keras's backend
     is numbackend.
+``keras.layers.core.Lambda.compute_output_shape``
+    without ``output_shape``, Keras 2.2.5 infers a Lambda's output shape only
+    for TensorFlow and CNTK, and otherwise takes the input's shape, so that a
+    Dense after ``Lambda(lambda x: K.sum(x, axis=-1, keepdims=True))`` was built
+    for the wrong shape. With numbackend it runs Keras's TensorFlow branch: the
+    function applied to placeholders of the input shapes, read with
+    ``K.int_shape``.
 
 Not fixed here (not on a normal path): ``keras/backend/numpy_backend.py`` uses
 ``np.int``, but it is Keras's test reference, never loaded as a backend.
@@ -324,10 +331,46 @@ def _install_clear_session(module):
         _APPLIED.append('keras.backend.clear_session')
 
 
+# ------------------------------------------------------------ Lambda's output shape
+
+def _lambda_output_shape(layer, input_shape, K):
+    """``Lambda.compute_output_shape`` without ``output_shape``, as Keras 2.2.5 does it
+    for TensorFlow: the function applied to placeholders of the input shapes."""
+    if isinstance(input_shape, list):
+        xs = [K.placeholder(shape=shape, dtype=dtype)
+              for shape, dtype in zip(input_shape, layer._input_dtypes)]
+        x = layer.call(xs)
+    else:
+        x = K.placeholder(shape=input_shape, dtype=layer._input_dtypes)
+        x = layer.call(x)
+    if isinstance(x, list):
+        return [K.int_shape(x_elem) for x_elem in x]
+    return K.int_shape(x)
+
+
+def _patch_layers_core(module):
+    lambda_class = module.Lambda
+    original = lambda_class.compute_output_shape
+    if getattr(original, '_numbackend_compat', False):
+        return
+    K = module.K
+
+    def compute_output_shape(self, input_shape):
+        if self._output_shape is None and K.backend() == 'numbackend':
+            return _lambda_output_shape(self, input_shape, K)
+        return original(self, input_shape)
+
+    compute_output_shape._numbackend_compat = True
+    compute_output_shape.__doc__ = original.__doc__
+    lambda_class.compute_output_shape = compute_output_shape
+    _APPLIED.append('keras.layers.core.Lambda.compute_output_shape')
+
+
 _MODULE_PATCHES = {
     'keras.utils.io_utils': _patch_io_utils,
     'keras.engine.base_layer': _install_clear_session,
     'keras.engine.saving': _patch_saving,
+    'keras.layers.core': _patch_layers_core,
 }
 
 

@@ -484,3 +484,38 @@ def test_clear_session_through_keras_backend_restarts_names(tmp_path):
     report = json.loads(_run_with_numbackend(tmp_path, _CLEAR_SESSION))
     assert report == {'ours': True, 'layers': [['input_1', 'dense_1']] * 2,
                       'weights': [['dense_1/kernel:0', 'dense_1/bias:0']] * 2}
+
+
+_LAMBDA = """
+import json
+import numpy as np
+from keras import backend as K
+from keras.layers import Dense, Input, Lambda
+from keras.models import Model
+
+x = Input((4,))
+total = Lambda(lambda t: K.sum(t, axis=-1, keepdims=True))
+y = Dense(3)(total(x))
+a, b = Input((2,)), Input((3,))
+joined = Lambda(lambda ts: K.concatenate(ts, axis=-1))
+z = Dense(2)(joined([a, b]))
+model = Model([x, a, b], [y, z])
+rng = np.random.RandomState(0)
+xs = [rng.rand(5, n).astype('float32') for n in (4, 2, 3)]
+got_y, got_z = model.predict(xs)
+w1, b1, w2, b2 = model.get_weights()
+want_y = xs[0].sum(axis=-1, keepdims=True) @ w1 + b1
+want_z = np.concatenate(xs[1:], axis=-1) @ w2 + b2
+print(json.dumps({'shapes': [total.output_shape, joined.output_shape, w1.shape, w2.shape],
+                  'error': max(float(np.abs(got_y - want_y).max()),
+                               float(np.abs(got_z - want_z).max()))}))
+"""
+
+
+@pytest.mark.skipif(_KERAS is None, reason='keras 2.2.5 is not installed')
+def test_lambda_without_output_shape_infers_it(tmp_path):
+    # Keras 2.2.5 infers it only for TensorFlow and CNTK; otherwise the next layer
+    # was built for the Lambda's input shape
+    report = json.loads(_run_with_numbackend(tmp_path, _LAMBDA))
+    assert report['shapes'] == [[None, 1], [None, 5], [1, 3], [5, 2]]
+    assert report['error'] < 1e-5

@@ -126,16 +126,13 @@ def _text(x):
 
 def _as_bytes(value):
     """An HDF5 attribute as Keras 2.2.5's loaders expect it: ``bytes`` for strings."""
-    if isinstance(value, str):
-        return value.encode('utf8', 'surrogateescape')
-    if isinstance(value, (np.ndarray, np.generic)):
-        if value.dtype.kind == 'S':
-            return value.tolist()
-        if value.dtype.kind in 'OU':
-            return [v.encode('utf8', 'surrogateescape') if isinstance(v, str) else v
-                    for v in value.tolist()]
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in 'SOU':
+        value = value.tolist()
     if isinstance(value, list):
-        return [v.encode('utf8', 'surrogateescape') if isinstance(v, str) else v for v in value]
+        return [_as_bytes(v) for v in value]
+    if isinstance(value, str):
+        # h5py 3 decodes variable-length strings with surrogate escapes: exact bytes back
+        return value.encode('utf8', 'surrogateescape')
     return value
 
 

@@ -1,13 +1,13 @@
 """Variables, placeholders, constants, compiled functions and their values."""
 import gc
-from contextlib import contextmanager
 
 import numpy as np
 
-from . import codegen, config
+from . import codegen, config, names
 from . import sparse as sparse_tensors
 from .compiler import Function
 from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
+from .names import name_scope
 from .ops import apply, as_tensor
 
 _uid_prefixes = {}
@@ -21,37 +21,43 @@ def variable(value, dtype=None, name=None, constraint=None):
     """A variable initialised with ``value`` (a NumPy array or number).
 
     Keras 2.2.5: ``variable(value, dtype=None, name=None, constraint=None)``.
+    Its name is TensorFlow's: ``name`` (default ``'Variable'``) inside the current
+    name scope, made unique, with ``:0`` appended (see ``name_scope``).
     As with its TensorFlow backend, a scipy.sparse matrix makes a sparse tensor
     of its nonzeros (of ``dtype``, floatx by default), which is not a variable:
     fixed and not trainable; ``get_value`` gives its SparseTensorValue and
     ``eval`` its dense array.
     """
     if sparse_tensors.is_scipy_sparse(value):
-        v = sparse_tensors.variable(value, dtype=dtype, name=name)
+        v = sparse_tensors.variable(value, dtype=dtype,
+                                    name=names.tensor_name(name, "Variable", "variable"))
         v._keras_shape = v.shape
         v._uses_learning_phase = False
         return v
     if is_tensor(value):
         value = eval(value)
     dtype = _dtype_or_floatx(dtype, "variable")
-    v = Variable(np.asarray(value), dtype, name=name, constraint=constraint)
+    v = Variable(np.asarray(value), dtype, name=names.tensor_name(name, "Variable", "variable"),
+                 constraint=constraint)
     v._keras_shape = v.shape
     v._uses_learning_phase = False
     return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
-    """A constant tensor; a scalar ``value`` is filled into ``shape`` when given."""
+    """A constant tensor; a scalar ``value`` is filled into ``shape`` when given.
+    Named as TensorFlow names it (default ``'Const'``, see ``variable``)."""
     dtype = _dtype_or_floatx(dtype, "constant")
     value = np.asarray(value, dtype=dtype)
     if shape is not None:
         value = np.full(tuple(shape), value, dtype=dtype) if value.ndim == 0 else value.reshape(shape)
-    return Constant(value, dtype=dtype, name=name)
+    return Constant(value, dtype=dtype, name=names.tensor_name(name, "Const", "constant"))
 
 
 def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     """An input of a compiled function; ``shape`` may hold None entries; one of
-    ``shape``/``ndim`` is required and ``shape`` wins.
+    ``shape``/``ndim`` is required and ``shape`` wins.  Named as TensorFlow names
+    it (default ``'Placeholder'``, see ``variable``).
 
     ``sparse=True`` (Keras's ``Input(sparse=True)``): a 2-D sparse tensor,
     which ``K.function`` feeds with a scipy.sparse matrix of any format."""
@@ -62,6 +68,7 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     shape = tuple(None if d is None else int(d) for d in shape)
     if any(d is not None and d < 0 for d in shape):
         raise ValueError(f"placeholder: negative dimension in shape {shape}")
+    name = names.tensor_name(name, "Placeholder", "placeholder")
     if sparse:
         p = sparse_tensors.placeholder(shape, _dtype_or_floatx(dtype, "placeholder"), name=name)
     else:
@@ -299,25 +306,18 @@ def reset_uids():
 
 def clear_session():
     """Start afresh, as Keras's TensorFlow backend does: reset the counters of
-    get_uid (Keras's layer names), unfix the learning phase (see
+    get_uid (Keras's layer names) and the names taken (a new variable may be
+    named as one made before), unfix the learning phase (see
     set_learning_phase), and drop from memory the loaded kernel modules that
     no compiled function holds.  Tensors, variables and compiled functions made
-    before keep working.
-
-    Keras 2.2.5 exports ``clear_session`` from ``keras.backend`` only for its own
-    backends: with numbackend, call ``keras.backend.load_backend.clear_session()``
-    or ``numbackend.clear_session()``."""
+    before keep working.  With Keras, ``keras.backend.clear_session`` is this
+    function (see ``numbackend.keras_compat``)."""
     global _fixed_learning_phase
     reset_uids()
+    names.reset()
     _fixed_learning_phase = None
     gc.collect()  # a function dropped in a reference cycle (a Keras model's) holds no kernel after
     codegen.forget_kernels()
-
-
-@contextmanager
-def name_scope(name):
-    """A context manager for names; numbackend keeps no name hierarchy."""
-    yield name
 
 
 def manual_variable_initialization(value):

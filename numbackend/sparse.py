@@ -127,7 +127,11 @@ def placeholder(shape, dtype, name=None):
 
 
 def _part_name(name, part):
-    return None if name is None else f"{name}/{part}"
+    # as TensorFlow names a sparse placeholder's parts: 'Placeholder/indices:0'
+    if name is None:
+        return None
+    base, colon, index = name.rpartition(":")
+    return f"{base}/{part}:{index}" if colon else f"{name}/{part}"
 
 
 def to_dense(x):

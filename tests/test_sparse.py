@@ -108,17 +108,17 @@ def test_feeding_errors_name_the_input_and_shapes():
     d = K.placeholder((None, 5), name="dense_in")
     f = K.function([x, d], [K.dot(x, K.variable(np.ones((5, 2)))) + K.sum(d)])
     good = random_sparse(3, 5)
-    with pytest.raises(TypeError, match=r"function: input 0 \('sparse_in'\) is sparse.*"
+    with pytest.raises(TypeError, match=r"function: input 0 \('sparse_in:0'\) is sparse.*"
                                         r"scipy.sparse.*ndarray of shape \(3, 5\)"):
         f([good.toarray(), np.ones((3, 5))])
     # the dense input keeps its number in messages after a sparse one (of three parts)
-    with pytest.raises(TypeError, match=r"function: input 1 \('dense_in'\) is dense, of shape "
+    with pytest.raises(TypeError, match=r"function: input 1 \('dense_in:0'\) is dense, of shape "
                                         r"\(None, 5\).*scipy.sparse matrix of shape \(3, 5\)"):
         f([good, good])
-    with pytest.raises(ValueError, match=r"function: input 1 \('dense_in'\) expects shape "
+    with pytest.raises(ValueError, match=r"function: input 1 \('dense_in:0'\) expects shape "
                                          r"\(None, 5\), got \(3, 4\)"):
         f([good, np.ones((3, 4))])
-    with pytest.raises(ValueError, match=r"input 0 \('sparse_in'\) expects shape \(None, 5\), "
+    with pytest.raises(ValueError, match=r"input 0 \('sparse_in:0'\) expects shape \(None, 5\), "
                                          r"got \(3, 4\)"):
         f([random_sparse(3, 4), np.ones((3, 5))])
     with pytest.raises(ValueError, match="expected 2 input"):
@@ -129,7 +129,7 @@ def test_feeding_errors_name_the_input_and_shapes():
 
 def test_ops_refuse_sparse_tensors():
     x = K.placeholder((None, 5), sparse=True, name="s")
-    with pytest.raises(TypeError, match=r"add: 's' of shape \(None, 5\) is a sparse tensor; "
+    with pytest.raises(TypeError, match=r"add: 's:0' of shape \(None, 5\) is a sparse tensor; "
                                         "convert it with K.to_dense"):
         x + 1
     with pytest.raises(TypeError, match="sparse tensor"):
@@ -146,7 +146,7 @@ def test_ops_refuse_sparse_tensors():
     with pytest.raises(ValueError, match=r"cannot multiply a sparse tensor of shape \(None, 5\) "
                                          r"by a dense one of shape \(4, 2\)"):
         K.dot(x, K.placeholder((4, 2)))
-    with pytest.raises(TypeError, match="cannot differentiate against the sparse tensor 's'"):
+    with pytest.raises(TypeError, match="cannot differentiate against the sparse tensor 's:0'"):
         K.gradients(K.sum(K.dot(x, K.variable(np.ones((5, 2))))), [x])
     v = K.variable(random_sparse(2, 3))
     with pytest.raises(TypeError, match="set_value: expected a variable, got the sparse tensor"):

@@ -393,13 +393,18 @@ def _sum_dtype(dtype):
 
 
 def _keep(g, n):
-    """Reshape a reduction's gradient so that it broadcasts against the input."""
+    """A reduction's gradient (or result) ``g`` with the reduced axes put back as
+    axes of length 1, so that it broadcasts against the input."""
     if n.attrs["keepdims"]:
         return g
     shape = list(n.inputs[0].shape)
     for a in n.attrs["axis"]:
         shape[a] = 1
-    return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    if shape.count(None) <= 1:
+        # a static reshape, which the compiled whole call and scan loops know
+        return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    # several unknown dims: only the run-time shape tells them apart
+    return apply("expand_dims", g, axes=n.attrs["axis"])
 
 
 def _grad_sum(g, n):
@@ -628,6 +633,24 @@ library("reshape", _reshape_infer, lambda x, shape: x.reshape(shape),
 library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
         lambda x, like: x.reshape(like.shape),
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
+
+
+def _expand_dims_infer(inputs, attrs):
+    (x,) = inputs
+    axes = tuple(int(a) for a in attrs["axes"])
+    ndim = x.ndim + len(axes)
+    if sorted(set(axes)) != list(axes) or any(not 0 <= a < ndim for a in axes):
+        raise ValueError(f"expand_dims: axes {axes} must be increasing and within the "
+                         f"{ndim} axes of the result for a tensor of shape {format_shape(x.shape)}")
+    attrs["axes"] = axes
+    rest = iter(x.shape)
+    return tuple(1 if a in axes else next(rest) for a in range(ndim)), x.dtype
+
+
+# x with axes of length 1 inserted at ``axes`` (positions in the result, sorted):
+# a view whatever x's run-time shape
+library("expand_dims", _expand_dims_infer, lambda x, axes: np.expand_dims(x, axes),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
 
 
 def sum_to_shape(g, shape):

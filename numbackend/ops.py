@@ -998,23 +998,84 @@ def _shape_infer(inputs, attrs):
 library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
 
 
+def dim_read_at_run_time(t):
+    """(x, axis) where the scalar tensor ``t`` is ``shape(x)[axis]``, else None."""
+    if t.op == "getitem" and t.inputs[0].op == "shape":
+        key = t.attrs["key"]
+        if len(key) == 1 and isinstance(key[0], int):
+            x = t.inputs[0].inputs[0]
+            return x, key[0] % x.ndim
+    return None
+
+
+def static_int(t):
+    """The value of the scalar int tensor ``t`` where the graph tells it (a
+    constant, or ``shape(x)[i]`` of a dim that x's static shape knows), else None."""
+    if t.op == "constant":
+        return int(t.value)
+    read = dim_read_at_run_time(t)
+    return None if read is None else read[0].shape[read[1]]
+
+
+def _static_target(shape):
+    """The entries of a 1-D int shape tensor known when the graph is built, None
+    for the others, as TensorFlow's reshape reads them: constants, static dims
+    read through ``shape(x)``, and stacks, slices and concatenations of those.
+    A -1 (inferred at run time) is None."""
+    if shape.op == "concatenate" and all(part.ndim == 1 for part in shape.inputs):
+        return [d for part in shape.inputs for d in _static_target(part)]
+    if shape.op == "constant":
+        known = [int(d) for d in shape.value]
+    elif shape.op == "shape":
+        known = list(shape.inputs[0].shape)
+    elif (shape.op == "getitem" and shape.inputs[0].op == "shape" and len(shape.attrs["key"]) == 1
+          and isinstance(shape.attrs["key"][0], slice)):
+        known = list(shape.inputs[0].inputs[0].shape[shape.attrs["key"][0]])
+    elif shape.op == "stack" and all(e.ndim == 0 for e in shape.inputs):
+        known = [static_int(e) for e in shape.inputs]
+    else:
+        known = [None] * shape.shape[0]
+    return [d if d is not None and d >= 0 else None for d in known]
+
+
 def _reshape_dynamic_infer(inputs, attrs):
-    """``known`` (optional): the target dims known when the graph is built, None elsewhere."""
+    """``known`` (optional): target dims known when the graph is built, None
+    elsewhere; those the target tensor itself tells are added (_static_target)."""
     x, shape = inputs
     if shape.ndim != 1 or shape.shape[0] is None:
-        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length")
-    known = tuple(attrs.get("known") or (None,) * shape.shape[0])
-    if len(known) != shape.shape[0]:
-        raise ValueError(f"reshape: {len(known)} known dims given for a target shape of "
+        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length, "
+                         f"got shape {format_shape(shape.shape)}")
+    if np.dtype(shape.dtype).kind not in "iu":
+        raise TypeError(f"reshape: a symbolic target shape must be of an int type, got {shape.dtype}")
+    given = tuple(attrs.get("known") or (None,) * shape.shape[0])
+    if len(given) != shape.shape[0]:
+        raise ValueError(f"reshape: {len(given)} known dims given for a target shape of "
                          f"length {shape.shape[0]}")
-    if shape.op == "stack":  # entries given as constants are known too
-        known = tuple(int(e.value) if k is None and e.op == "constant" and int(e.value) >= 0 else k
-                      for k, e in zip(known, shape.inputs))
+    known = tuple(g if g is not None else k for g, k in zip(given, _static_target(shape)))
+    if None not in known and None not in x.shape and math.prod(known) != math.prod(x.shape):
+        raise ValueError(f"reshape: cannot reshape {format_shape(x.shape)} into {known}")
+    attrs["known"] = known
     return known, x.dtype
 
 
-library("reshape_dynamic", _reshape_dynamic_infer,
-        lambda x, shape, known=None: x.reshape(tuple(int(d) for d in shape)),
+def _reshape_dynamic(x, shape, known):
+    """x reshaped to the run-time ``shape``, checked as TensorFlow does (NumPy
+    takes any negative entry for -1); ``known``: the static shape it must have."""
+    target = tuple(int(d) for d in shape)
+    rest = math.prod(d for d in target if d != -1)
+    inferred = target.count(-1)
+    if (inferred > 1 or any(d < -1 for d in target)
+            or (inferred == 0 and rest != x.size) or (inferred == 1 and (rest == 0 or x.size % rest))):
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {format_shape(x.shape)} "
+                         f"into {target}")
+    out = x.reshape(target)
+    if any(k is not None and k != d for k, d in zip(known, out.shape)):
+        raise ValueError(f"reshape: the target shape {target} differs from the static shape "
+                         f"{format_shape(known)} of the result")
+    return out
+
+
+library("reshape_dynamic", _reshape_dynamic_infer, _reshape_dynamic,
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
 
 

@@ -456,7 +456,12 @@ def permute_dimensions(x, pattern):
 def repeat_elements(x, rep, axis):
     """Each element repeated ``rep`` times along ``axis``, like ``np.repeat``:
     (s1, s2, s3) with axis=1 gives (s1, s2 * rep, s3)."""
-    return apply("repeat_elements", x, repeats=int(rep), axis=axis)
+    result = apply("repeat_elements", x, repeats=int(rep), axis=axis)
+    if result.shape[result.attrs["axis"]] is None:
+        # as TensorFlow's backend, which sets it where the axis is unknown
+        # (Keras's own backend tests read it)
+        result._keras_shape = result.shape
+    return result
 
 
 def repeat(x, n):

@@ -620,6 +620,16 @@ def test_repeat_elements():
     assert K.int_shape(K.repeat_elements(K.placeholder((None, 3)), 2, 1)) == (None, 6)
 
 
+def test_repeat_elements_along_an_unknown_axis_carries_keras_shape():
+    """As TensorFlow's backend (and Keras's backend test of repeat_elements) has it:
+    the result of a repeat along an unknown axis carries ``_keras_shape``, the
+    static shape; along a known axis it does not."""
+    x = K.placeholder((2, None, 3))
+    y = K.repeat_elements(x, 3, axis=1)
+    assert y._keras_shape == (2, None, 3) == K.int_shape(y)
+    assert not hasattr(K.repeat_elements(x, 3, axis=2), "_keras_shape")
+
+
 def test_repeat():
     x = sample((3, 4), "float64")
     out = run(lambda t: K.repeat(t, 5), x)

@@ -45,7 +45,7 @@ LEAVES = ("placeholder", "variable", "constant")
 # plan, whose kernels go parallel.
 ONE_CALL_AFTER = 10
 ONE_CALL_MAX_ELEMENTS = 1 << 14
-_VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic")
+_VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic", "expand_dims")
 
 
 def debug_level():

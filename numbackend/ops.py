@@ -398,13 +398,18 @@ def _sum_dtype(dtype):
 
 
 def _keep(g, n):
-    """Reshape a reduction's gradient so that it broadcasts against the input."""
+    """A reduction's gradient (or result) ``g`` with the reduced axes put back as
+    axes of length 1, so that it broadcasts against the input."""
     if n.attrs["keepdims"]:
         return g
     shape = list(n.inputs[0].shape)
     for a in n.attrs["axis"]:
         shape[a] = 1
-    return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    if shape.count(None) <= 1:
+        # a static reshape, which the compiled whole call and scan loops know
+        return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    # several unknown dims: only the run-time shape tells them apart
+    return apply("expand_dims", g, axes=n.attrs["axis"])
 
 
 def _grad_sum(g, n):
@@ -802,6 +807,24 @@ library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype)
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
 
 
+def _expand_dims_infer(inputs, attrs):
+    (x,) = inputs
+    axes = tuple(int(a) for a in attrs["axes"])
+    ndim = x.ndim + len(axes)
+    if sorted(set(axes)) != list(axes) or any(not 0 <= a < ndim for a in axes):
+        raise ValueError(f"expand_dims: axes {axes} must be increasing and within the "
+                         f"{ndim} axes of the result for a tensor of shape {format_shape(x.shape)}")
+    attrs["axes"] = axes
+    rest = iter(x.shape)
+    return tuple(1 if a in axes else next(rest) for a in range(ndim)), x.dtype
+
+
+# x with axes of length 1 inserted at ``axes`` (positions in the result, sorted):
+# a view whatever x's run-time shape
+library("expand_dims", _expand_dims_infer, lambda x, axes: np.expand_dims(x, axes),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
+
+
 def sum_to_shape(g, shape):
     """Sum a broadcast gradient back to ``shape`` (NumPy broadcasting undone)."""
     lead = g.ndim - len(shape)
@@ -1147,23 +1170,84 @@ def _shape_infer(inputs, attrs):
 library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
 
 
+def dim_read_at_run_time(t):
+    """(x, axis) where the scalar tensor ``t`` is ``shape(x)[axis]``, else None."""
+    if t.op == "getitem" and t.inputs[0].op == "shape":
+        key = t.attrs["key"]
+        if len(key) == 1 and isinstance(key[0], int):
+            x = t.inputs[0].inputs[0]
+            return x, key[0] % x.ndim
+    return None
+
+
+def static_int(t):
+    """The value of the scalar int tensor ``t`` where the graph tells it (a
+    constant, or ``shape(x)[i]`` of a dim that x's static shape knows), else None."""
+    if t.op == "constant":
+        return int(t.value)
+    read = dim_read_at_run_time(t)
+    return None if read is None else read[0].shape[read[1]]
+
+
+def _static_target(shape):
+    """The entries of a 1-D int shape tensor known when the graph is built, None
+    for the others, as TensorFlow's reshape reads them: constants, static dims
+    read through ``shape(x)``, and stacks, slices and concatenations of those.
+    A -1 (inferred at run time) is None."""
+    if shape.op == "concatenate" and all(part.ndim == 1 for part in shape.inputs):
+        return [d for part in shape.inputs for d in _static_target(part)]
+    if shape.op == "constant":
+        known = [int(d) for d in shape.value]
+    elif shape.op == "shape":
+        known = list(shape.inputs[0].shape)
+    elif (shape.op == "getitem" and shape.inputs[0].op == "shape" and len(shape.attrs["key"]) == 1
+          and isinstance(shape.attrs["key"][0], slice)):
+        known = list(shape.inputs[0].inputs[0].shape[shape.attrs["key"][0]])
+    elif shape.op == "stack" and all(e.ndim == 0 for e in shape.inputs):
+        known = [static_int(e) for e in shape.inputs]
+    else:
+        known = [None] * shape.shape[0]
+    return [d if d is not None and d >= 0 else None for d in known]
+
+
 def _reshape_dynamic_infer(inputs, attrs):
-    """``known`` (optional): the target dims known when the graph is built, None elsewhere."""
+    """``known`` (optional): target dims known when the graph is built, None
+    elsewhere; those the target tensor itself tells are added (_static_target)."""
     x, shape = inputs
     if shape.ndim != 1 or shape.shape[0] is None:
-        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length")
-    known = tuple(attrs.get("known") or (None,) * shape.shape[0])
-    if len(known) != shape.shape[0]:
-        raise ValueError(f"reshape: {len(known)} known dims given for a target shape of "
+        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length, "
+                         f"got shape {format_shape(shape.shape)}")
+    if np.dtype(shape.dtype).kind not in "iu":
+        raise TypeError(f"reshape: a symbolic target shape must be of an int type, got {shape.dtype}")
+    given = tuple(attrs.get("known") or (None,) * shape.shape[0])
+    if len(given) != shape.shape[0]:
+        raise ValueError(f"reshape: {len(given)} known dims given for a target shape of "
                          f"length {shape.shape[0]}")
-    if shape.op == "stack":  # entries given as constants are known too
-        known = tuple(int(e.value) if k is None and e.op == "constant" and int(e.value) >= 0 else k
-                      for k, e in zip(known, shape.inputs))
+    known = tuple(g if g is not None else k for g, k in zip(given, _static_target(shape)))
+    if None not in known and None not in x.shape and math.prod(known) != math.prod(x.shape):
+        raise ValueError(f"reshape: cannot reshape {format_shape(x.shape)} into {known}")
+    attrs["known"] = known
     return known, x.dtype
 
 
-library("reshape_dynamic", _reshape_dynamic_infer,
-        lambda x, shape, known=None: x.reshape(tuple(int(d) for d in shape)),
+def _reshape_dynamic(x, shape, known):
+    """x reshaped to the run-time ``shape``, checked as TensorFlow does (NumPy
+    takes any negative entry for -1); ``known``: the static shape it must have."""
+    target = tuple(int(d) for d in shape)
+    rest = math.prod(d for d in target if d != -1)
+    inferred = target.count(-1)
+    if (inferred > 1 or any(d < -1 for d in target)
+            or (inferred == 0 and rest != x.size) or (inferred == 1 and (rest == 0 or x.size % rest))):
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {format_shape(x.shape)} "
+                         f"into {target}")
+    out = x.reshape(target)
+    if any(k is not None and k != d for k, d in zip(known, out.shape)):
+        raise ValueError(f"reshape: the target shape {target} differs from the static shape "
+                         f"{format_shape(known)} of the result")
+    return out
+
+
+library("reshape_dynamic", _reshape_dynamic_infer, _reshape_dynamic,
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
 
 

@@ -135,8 +135,11 @@ def rewrite(targets):
             replaced[node.id] = node
             continue
         inputs = [replaced[i.id] for i in node.inputs]
-        if node.op == "stop_gradient":
-            # only K.gradients reads it; a plan step here would split a fused kernel
+        if node.op in ("stop_gradient", "identity"):
+            # only K.gradients reads stop_gradient, and identity is a copy (Keras's
+            # layers that return their input): a plan step would split a fused
+            # kernel and keep the function from its whole call.  A result that is
+            # a leaf, a view of one or another result is still copied (Plan._build).
             replaced[node.id] = inputs[0]
             continue
         op = OPS[node.op]
@@ -576,8 +579,10 @@ class Plan:
             fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)
             self.steps.append(Step("library", node.op, [node], [node]))
         self.result_names = [value_of(t) for t in self.targets]
-        # a result that is not new (a leaf or a view of one) is copied: the caller owns it
-        self.result_fresh = [fresh.get(t.id, False) for t in self.targets]
+        # a result that is not new (a leaf or a view of one) is copied: the caller owns
+        # it; so is one that another result already returns (y and K.identity(y))
+        self.result_fresh = [fresh.get(t.id, False) and name not in self.result_names[:j]
+                             for j, (t, name) in enumerate(zip(self.targets, self.result_names))]
         outs = [name if new else f"np.array({name})"
                 for name, new in zip(self.result_names, self.result_fresh)]
         source = [f"def plan({', '.join(args)}):"]

@@ -1067,7 +1067,14 @@ class Function:
         arrays = []
         for i, value in enumerate(values):
             dtype, ndim, known = self._expected[i]
-            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if type(value) is np.ndarray:
+                arr = value
+            elif type(value) is float or type(value) is int:
+                # Keras feeds the learning phase as 0. or 1.: the general check
+                # of a float for an integer input cost 20 us of each call
+                arr = _number_as(value, dtype)
+            else:
+                arr = np.asarray(value)
             if arr.dtype != dtype and not _castable(arr, dtype):
                 raise TypeError(f"function: input {i} ({self.inputs[i].name!r}) has dtype "
                                 f"{dtype}; cannot cast a {arr.dtype} array to it")
@@ -1193,6 +1200,20 @@ def _fork_gate():
     # jit_kernels is loaded on a function's first call, not when numbackend is imported
     from jit_kernels import fork_gate
     return fork_gate
+
+
+def _number_as(value, dtype):
+    """A Python int or float fed to an input of ``dtype``: a 0-d array of that dtype
+    where it fits as it is (a whole float for an integer input), else the
+    float64 or int64 array that :func:`_castable` judges."""
+    if dtype.kind in "biu" and type(value) is float and value.is_integer():
+        value = int(value)
+    if dtype.kind in "biu" and type(value) is float:
+        return np.asarray(value)
+    try:
+        return np.array(value, dtype)
+    except OverflowError:  # out of dtype's range
+        return np.asarray(value)
 
 
 def _castable(arr, dtype):

@@ -216,3 +216,18 @@ def test_a_keras_model_with_dropout_predicts_as_one_call(tmp_path):
     assert sum("random_" in step for step in steps) == 1 and "identity" not in report["train_plan"]
     assert np.isfinite(report["loss"])
 
+
+def test_python_numbers_fed_to_scalar_inputs():
+    """Keras feeds the learning phase as a Python float: a whole float is taken
+    for an integer input, a fractional one is refused, ints fill float inputs."""
+    n = K.placeholder((), dtype="int32")
+    s = K.placeholder((), dtype="float32")
+    f = K.function([n, s, K.learning_phase()], [n * 2, s + 0.5, K.cast(K.learning_phase(), "int32")])
+    for fed, want in (([3, 2, 1.0], [6, 2.5, 1]), ([3.0, 2.25, 0], [6, 2.75, 0]),
+                      ([np.int64(-4), np.float64(1), np.uint8(1)], [-8, 1.5, 1])):
+        got = f(fed)
+        assert [g.dtype for g in got] == [np.int32, np.float32, np.int32]
+        assert [g.item() for g in got] == want
+    for fed in ([2.5, 0.0, 0], [1, 0.0, 0.5]):
+        with pytest.raises(TypeError, match="cannot cast a float64"):
+            f(fed)

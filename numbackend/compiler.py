@@ -959,7 +959,13 @@ def _broadcast_runtime(*arrays):
 
 
 class Function:
-    """A compiled ``K.function``: call it with a list of arrays, one per input."""
+    """A compiled ``K.function``: call it with a list of arrays, one per input.
+
+    Where Keras's learning phase is an input, each value fed has a plan of its
+    own, built on its first call, with the phase a constant: K.in_train_phase
+    takes its branch there and the other is never computed (a predict function
+    fed 0 draws no dropout mask).  ``plan`` and :meth:`explain` show the plan of
+    the value last fed."""
 
     def __init__(self, inputs, outputs, updates=(), name=None):
         from . import ops

@@ -139,6 +139,20 @@ def test_a_learning_phase_not_fed_is_the_test_phase():
     np.testing.assert_allclose(K.eval(K.in_train_phase(K.constant(2.0), K.constant(3.0))), 3.0)
 
 
+def test_a_switch_on_the_phase_inside_a_recurrence_follows_the_value_fed():
+    x = K.placeholder((2, 3, 4))
+
+    def step(inputs, states):
+        out = K.in_train_phase(inputs * 2.0, inputs) + states[0]
+        return out, [out]
+    last, _, _ = K.rnn(step, x, [K.zeros((2, 4))])
+    f = K.function([x, K.learning_phase()], [last])
+    a = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    for phase in (1, 0, 1):
+        np.testing.assert_allclose(f([a, phase])[0], a.sum(axis=1) * (2 if phase else 1),
+                                   rtol=1e-6)
+
+
 def test_the_branch_a_phase_picks_is_the_callers_copy():
     x = K.placeholder((2, 3))
     v = K.variable(np.ones((2, 3)))

@@ -135,9 +135,16 @@ def rewrite(targets):
             replaced[node.id] = node
             continue
         inputs = [replaced[i.id] for i in node.inputs]
-        if node.op == "stop_gradient":
-            # only K.gradients reads it; a plan step here would split a fused kernel
+        if node.op in ("stop_gradient", "identity"):
+            # only K.gradients reads stop_gradient, and identity is a copy (Keras's
+            # layers that return their input): a plan step would split a fused
+            # kernel and keep the function from its whole call.  A result that is
+            # a leaf, a view of one or another result is still copied (Plan._build).
             replaced[node.id] = inputs[0]
+            continue
+        chosen = _branch_of_constant_switch(node, inputs)
+        if chosen is not None:
+            replaced[node.id] = chosen
             continue
         op = OPS[node.op]
         if (not op.stateful and not op.multi_output and node.op != "print_tensor" and inputs
@@ -160,6 +167,17 @@ def rewrite(targets):
         seen[key] = new
         replaced[node.id] = new
     return [replaced[t.id] for t in targets]
+
+
+def _branch_of_constant_switch(node, inputs):
+    """The branch a 'where' node takes as it is, where its condition (``inputs[0]``)
+    is one constant value and that branch has the node's static shape and dtype
+    (K.switch on a learning phase fixed for the plan, see Function): TensorFlow's
+    switch on a scalar runs the chosen branch alone.  Else None."""
+    if node.op != "where" or inputs[0].op != "constant" or inputs[0].ndim != 0:
+        return None
+    branch = inputs[1] if inputs[0].value else inputs[2]
+    return branch if branch.shape == node.shape and branch.dtype == node.dtype else None
 
 
 def _copy_node(node, inputs):
@@ -576,8 +594,10 @@ class Plan:
             fresh[node.id] = node.op not in _VIEW_OPS or fresh.get(node.inputs[0].id, False)
             self.steps.append(Step("library", node.op, [node], [node]))
         self.result_names = [value_of(t) for t in self.targets]
-        # a result that is not new (a leaf or a view of one) is copied: the caller owns it
-        self.result_fresh = [fresh.get(t.id, False) for t in self.targets]
+        # a result that is not new (a leaf or a view of one) is copied: the caller owns
+        # it; so is one that another result already returns (y and K.identity(y))
+        self.result_fresh = [fresh.get(t.id, False) and name not in self.result_names[:j]
+                             for j, (t, name) in enumerate(zip(self.targets, self.result_names))]
         outs = [name if new else f"np.array({name})"
                 for name, new in zip(self.result_names, self.result_fresh)]
         source = [f"def plan({', '.join(args)}):"]
@@ -939,7 +959,13 @@ def _broadcast_runtime(*arrays):
 
 
 class Function:
-    """A compiled ``K.function``: call it with a list of arrays, one per input."""
+    """A compiled ``K.function``: call it with a list of arrays, one per input.
+
+    Where Keras's learning phase is an input, each value fed has a plan of its
+    own, built on its first call, with the phase a constant: K.in_train_phase
+    takes its branch there and the other is never computed (a predict function
+    fed 0 draws no dropout mask).  ``plan`` and :meth:`explain` show the plan of
+    the value last fed."""
 
     def __init__(self, inputs, outputs, updates=(), name=None, input_numbers=None):
         """``input_numbers``: the number that messages give each input, where it
@@ -982,20 +1008,64 @@ class Function:
                                      "which is not among the inputs")
                 placeholders.append(node)
                 self._defaults.append(node.default)
-        self.plan = Plan(placeholders, self.outputs + update_values)
+        targets = self.outputs + update_values
+        # A placeholder with a plan per value (Keras's learning phase): fed, its
+        # value picks the plan, built on first use; else it is always its default.
+        self._per_value = None  # its position among the arrays of a call
+        for i, p in enumerate(placeholders):
+            if p.plan_per_value and i >= len(self.inputs):
+                targets = substitute(targets, {p.id: Constant(p.default, dtype=p.dtype)})
+                del placeholders[i], self._defaults[i - len(self.inputs)]
+                break
+            if p.plan_per_value:
+                self._per_value = i
+                break
+        self._placeholders, self._targets = placeholders, targets
+        self._runners = {}  # the value fed: its runner, where a placeholder has a plan per value
+        self._runner = None if self._per_value is not None else self._new_runner(targets)
         # held from reading the variables to writing their new values, so that
         # calls from several threads lose no update (see core.function)
         self._update_lock = threading.Lock() if self.update_vars else None
-        self._small_calls = 0
-        self._one_call = None  # compiled_plan.Call once compiled; False where it cannot be
         self.name = name
+
+    def _new_runner(self, targets, placeholders=None):
+        runner = _PlanRunner(Plan(self._placeholders if placeholders is None else placeholders,
+                                  targets))
         level = debug_level()
         if level >= 1:
-            print(self.explain())
+            print(runner.explain())
         if level >= 2:
-            print(self.plan.source)
-            for k in self.plan.kernels:
+            print(runner.plan.source)
+            for k in runner.plan.kernels:
                 print(k.SOURCE)
+        return runner
+
+    def _runner_for(self, value):
+        """The runner of the plan where the placeholder with a plan per value is
+        ``value``, a constant there (K.in_train_phase then takes its branch alone)."""
+        runner = self._runners.get(value)
+        if runner is None:
+            fixed = self._placeholders[self._per_value]
+            targets = substitute(self._targets, {fixed.id: Constant(value, dtype=fixed.dtype)})
+            others = [p for p in self._placeholders if p is not fixed]
+            runner = self._runners[value] = self._new_runner(targets, others)
+        return runner
+
+    def _current(self):
+        """The runner of the last call (before any call, that of the default value)."""
+        if self._runner is None:
+            default = self._placeholders[self._per_value].default
+            self._runner = self._runner_for(0 if default is None else int(default))
+        return self._runner
+
+    @property
+    def plan(self):
+        """The plan of the last call (see :meth:`_current`)."""
+        return self._current().plan
+
+    @property
+    def _one_call(self):
+        return self._current().one_call
 
     def _check(self, values):
         # Loops rather than generator expressions: at batch 1 each costs about a
@@ -1008,7 +1078,14 @@ class Function:
         arrays = []
         for i, value in enumerate(values):
             dtype, ndim, known = self._expected[i]
-            arr = value if type(value) is np.ndarray else np.asarray(value)
+            if type(value) is np.ndarray:
+                arr = value
+            elif type(value) is float or type(value) is int:
+                # Keras feeds the learning phase as 0. or 1.: made an array of the
+                # input's dtype at once, not through float64 and the general check
+                arr = _number_as(value, dtype)
+            else:
+                arr = np.asarray(value)
             if arr.dtype != dtype and not _castable(arr, dtype):
                 _refuse_sparse(self._input_numbers[i], self.inputs[i], value)
                 raise TypeError(f"function: input {self._input_numbers[i]} "
@@ -1049,18 +1126,12 @@ class Function:
         return results[0] if self.single_output else list(results)
 
     def _run(self, arrays):
-        """The targets' values: from the plan compiled as one call where it serves,
-        else from the plan."""
-        one_call = self._one_call
-        if one_call is not False:
-            size = 0
-            for a in arrays:
-                size += a.size
-            if size <= ONE_CALL_MAX_ELEMENTS:
-                results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
-                if results is not None:
-                    return results
-        return self.plan.run(*arrays)
+        """The targets' values, from the plan of the value fed where a placeholder
+        has a plan per value."""
+        if self._per_value is None:
+            return self._runner.run(arrays)
+        runner = self._runner = self._runner_for(int(arrays.pop(self._per_value)))
+        return runner.run(arrays)
 
     def _run_and_update(self, arrays):
         """The outputs, after writing the updates' new values (all computed from the
@@ -1075,8 +1146,8 @@ class Function:
                                  "no variable was changed")
         for var, value in zip(self.update_vars, new_values):
             var.value = value
-        if self._one_call:
-            self._one_call.forget()  # the values it read are replaced: hold them no longer
+        if self._runner.one_call:
+            self._runner.one_call.forget()  # the values it read are replaced: hold them no longer
         outputs = results[:n]
         written = {id(value) for value in new_values}
         if any(id(out) in written for out in outputs):
@@ -1085,28 +1156,57 @@ class Function:
             outputs = [out.copy() if id(out) in written else out for out in outputs]
         return outputs[0] if self.single_output else list(outputs)
 
-    def _count_small_call(self, arrays):
-        """The results from the plan compiled as one call once called with small
-        inputs ONE_CALL_AFTER times; None where the plan runs instead (not yet
-        called often enough, or not compiled)."""
-        self._small_calls += 1
-        if self._small_calls < ONE_CALL_AFTER:
-            return None
-        from .compiled_plan import compile_call
-        self._one_call = compile_call(self.plan) or False
-        return self._one_call.run(*arrays) if self._one_call else None
-
     def explain(self):
-        """The compiled plan, one line per step."""
-        text = self.plan.explain()
-        if self._one_call:
-            text += (f"\n     (inputs of at most {ONE_CALL_MAX_ELEMENTS} elements: "
-                     "these steps run as one compiled call)")
-        return text
+        """The compiled plan, one line per step (where a placeholder has a plan per
+        value, the plan of the value last fed: before any call, of its default)."""
+        return self._current().explain()
 
     def kernel_sources(self):
         """The generated source of each kernel the plan calls."""
         return [k.SOURCE for k in self.plan.kernels]
+
+
+class _PlanRunner:
+    """A plan and, once called ONE_CALL_AFTER times with small inputs, the plan
+    compiled as one call: ``run(arrays)`` gives the targets' values."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.small_calls = 0
+        self.one_call = None  # compiled_plan.Call once compiled; False where it cannot be
+
+    def run(self, arrays):
+        """The targets' values: from the plan compiled as one call where it serves,
+        else from the plan."""
+        one_call = self.one_call
+        if one_call is not False:
+            size = 0
+            for a in arrays:
+                size += a.size
+            if size <= ONE_CALL_MAX_ELEMENTS:
+                results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
+                if results is not None:
+                    return results
+        return self.plan.run(*arrays)
+
+    def _count_small_call(self, arrays):
+        """The results from the plan compiled as one call once called with small
+        inputs ONE_CALL_AFTER times; None where the plan runs instead (not yet
+        called often enough, or not compiled)."""
+        self.small_calls += 1
+        if self.small_calls < ONE_CALL_AFTER:
+            return None
+        from .compiled_plan import compile_call
+        self.one_call = compile_call(self.plan) or False
+        return self.one_call.run(*arrays) if self.one_call else None
+
+    def explain(self):
+        """The plan, one line per step."""
+        text = self.plan.explain()
+        if self.one_call:
+            text += (f"\n     (inputs of at most {ONE_CALL_MAX_ELEMENTS} elements: "
+                     "these steps run as one compiled call)")
+        return text
 
 
 @functools.cache
@@ -1125,6 +1225,20 @@ def _refuse_sparse(i, placeholder, value):
                         f"{format_shape(placeholder.shape)}: got a scipy.sparse matrix of shape "
                         f"{value.shape}; feed value.toarray(), or make the input sparse "
                         "(K.placeholder(..., sparse=True), Input(..., sparse=True))")
+
+
+def _number_as(value, dtype):
+    """A Python int or float fed to an input of ``dtype``: a 0-d array of that dtype
+    where it fits as it is (a whole float for an integer input), else the
+    float64 or int64 array that :func:`_castable` judges."""
+    if dtype.kind in "biu" and type(value) is float:
+        if not value.is_integer():
+            return np.asarray(value)  # which _castable refuses
+        value = int(value)
+    try:
+        return np.array(value, dtype)
+    except OverflowError:  # out of dtype's range
+        return np.asarray(value)
 
 
 def _castable(arr, dtype):

@@ -335,7 +335,12 @@ _manual_var_init = False
 class LearningPhase(Placeholder):
     """The one learning-phase placeholder, which Keras's functions feed: copied or
     unpickled, it stays this one (a copy would be another input, left at its
-    default, and a copied model's dropout would never be on in training)."""
+    default, and a copied model's dropout would never be on in training).
+    A function compiles a plan per value fed (see compiler.Function), where the
+    switches on it (K.in_train_phase) take their branch and the other is never
+    computed: at test time no dropout mask is drawn."""
+
+    plan_per_value = True
 
     def __reduce_ex__(self, protocol):
         return "_LEARNING_PHASE"  # pickled by reference, as a module's global

@@ -176,6 +176,10 @@ class Tensor:
 class Placeholder(Tensor):
     """An input fed when a compiled function is called."""
 
+    # fed one of a few values, each selecting what the graph computes (Keras's
+    # learning phase): a function compiles a plan per value fed, the value a constant
+    plan_per_value = False
+
     def __init__(self, shape, dtype, name=None, default=None):
         super().__init__("placeholder", (), {}, shape, dtype, name)
         self.default = default  # used when the function is called without feeding it

@@ -18,6 +18,8 @@ import tempfile
 
 import numpy as np
 
+from numbackend.compiler import ONE_CALL_AFTER
+
 from .common import F32, cold_cache_run, rng, setup_once, warm_cache_run
 
 MODEL_NAMES = ("mnist_mlp", "mnist_cnn", "imdb_lstm", "stacked_gru", "imdb_bidirectional_lstm",
@@ -224,10 +226,10 @@ class KerasModels:
         self.predicting, inputs = predictor(self.model, self.x)
         self.samples = {n: rows(inputs, n) for n in PREDICT_BATCHES}
         self.model.fit(self.x, self.y, batch_size=self.batch, epochs=1, verbose=0)
-        # out of the timed calls: at batch 1 a function's tenth call compiles it as one
-        # call (numbackend.compiler.ONE_CALL_AFTER)
+        # out of the timed calls: at batch 1 a function's ONE_CALL_AFTER-th call
+        # compiles it as one call
         for n in PREDICT_BATCHES:
-            for _ in range(12):
+            for _ in range(ONE_CALL_AFTER + 1):
                 self.predicting.predict_on_batch(self.samples[n])
 
     def time_fit_epoch(self, name):

@@ -21,9 +21,9 @@ of the Keras 1 ``ctc_decode`` form.  Conventions shared by every function:
   results.
 
 The loss and the greedy decoder are Numba kernels, parallel over the batch.
-The beam searches are NumPy code vectorised over the beam at each frame: a
-beam is a set of trie nodes, which is awkward in Numba and not worth it for a
-decoder that runs once per prediction.
+The beam searches are a serial Numba kernel per sample: TensorFlow's beam
+search updates its entries one after another, and its result depends on
+that order.
 """
 import math
 
@@ -42,27 +42,28 @@ _NEG_INF = -np.inf
 # Argument checks shared by the public functions
 
 
-def _as_logits(logits):
+def _as_logits(logits, where="ctc"):
     """(batch, time, classes) float32/float64 C-contiguous array."""
     logits = np.asarray(logits)
     if logits.ndim != 3:
-        raise ValueError(f"ctc: logits must be (batch, time, classes), got shape {logits.shape}")
+        raise ValueError(f"{where}: logits must be (batch, time, classes), got shape "
+                         f"{logits.shape}")
     if logits.shape[2] < 1:
-        raise ValueError("ctc: logits need at least one class (the blank)")
+        raise ValueError(f"{where}: logits need at least one class (the blank)")
     if logits.dtype not in (np.float32, np.float64):
         logits = logits.astype(np.float64)
     return np.ascontiguousarray(logits)
 
 
-def _as_lengths(lengths, batch, upper, what):
+def _as_lengths(lengths, batch, upper, what, where="ctc"):
     """(batch,) int64 array of lengths in 0 .. upper; accepts (batch, 1) as Keras passes."""
     lengths = np.asarray(lengths)
     if lengths.size != batch or (lengths.ndim > 1 and lengths.shape[0] != batch):
-        raise ValueError(f"ctc: {what} must hold one length per sample ({batch}), "
+        raise ValueError(f"{where}: {what} must hold one length per sample ({batch}), "
                          f"got shape {lengths.shape}")
     lengths = np.ascontiguousarray(lengths.reshape(batch), dtype=np.int64)
     if batch and (lengths.min() < 0 or lengths.max() > upper):
-        raise ValueError(f"ctc: {what} must lie in 0..{upper}, got {lengths.tolist()}")
+        raise ValueError(f"{where}: {what} must lie in 0..{upper}, got {lengths.tolist()}")
     return lengths
 
 
@@ -256,7 +257,10 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     """CTC loss of one label sequence on one sample's (time, classes) logits.
 
     Returns -log p(label); when compute_grad, fills grad (time, classes) with
-    d loss / d logits (grad may be empty otherwise).
+    d loss / d logits (grad may be empty otherwise).  A label with no
+    alignment of nonzero probability gives +inf and, as TensorFlow's
+    calculator ("No valid path found"), the softmax of the used frames as its
+    gradient.
 
     The extended label puts a blank before, between and after the L labels:
     states s = 0 .. 2L, blank i is s = 2i and label i is s = 2i + 1.  alpha is
@@ -276,11 +280,11 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     for i in range(1, n_labels):
         if label[i] == label[i - 1]:
             required_frames += 1
-    if n_frames < required_frames or n_frames == 0:
-        # No alignment exists (loss +inf, zero gradient), or an empty
-        # label on an empty input (probability 1: loss 0, zero gradient).
+    if n_frames == 0:
+        # An empty label on an empty input has probability 1; any other
+        # label none.  Either way no frame gets a gradient.
         grad[:, :] = 0.0
-        return np.inf if n_frames < required_frames else 0.0
+        return np.inf if required_frames > 0 else 0.0
     # can_skip[i]: label i may directly follow label i - 1 (no blank
     # between) because they differ.  One spare False at the end.
     can_skip = np.zeros(n_labels + 1, dtype=np.bool_)
@@ -309,6 +313,11 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
         emit_blank[t] = float(logits[t, blank]) - log_norm
         for i in range(n_labels):
             emit_label[t, i] = float(logits[t, label[i]]) - log_norm
+    if compute_grad:
+        grad[n_frames:, :] = 0.0
+    if n_frames < required_frames:
+        # No alignment exists: grad holds the softmax of the used frames.
+        return np.inf
 
     # Forward.  alpha_label[t, i + 1] holds label i: column 0 is a -inf
     # "label before the first blank".
@@ -331,9 +340,8 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     last = n_frames - 1
     log_prob = np.logaddexp(alpha_blank[last, n_labels], alpha_label[last, n_labels])
     if log_prob == _NEG_INF:
-        # Every alignment has probability zero (logits of -inf): treated
-        # like an impossible label, loss +inf and a zero gradient.
-        grad[:, :] = 0.0
+        # Every alignment has probability zero (logits of -inf): as an
+        # impossible label, grad holds the softmax of the used frames.
         return np.inf
     if not compute_grad:
         return -log_prob
@@ -382,7 +390,6 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
                       next_blank[first_blank:], n_blank)
         _add_emission(beta_label[first_label:], emit_label[t, first_label:], 1,
                       next_label[first_label:], n_label)
-    grad[n_frames:, :] = 0.0
     return -log_prob
 
 
@@ -404,23 +411,46 @@ def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                              input_lengths[sample], compute_grad, grad[row])
 
 
-def _as_labels(labels, label_lengths, batch, n_classes):
-    """Validated (batch, max_len) int64 labels and (batch,) int64 lengths."""
+def _tf_labels(labels, label_lengths, input_lengths, n_classes, where):
+    """The labels as TensorFlow's CTC loss reads them (its PopulateLPrimes).
+
+    Returns (batch, max_len) int64 labels and the (batch,) number of leading
+    real labels of each sample.  A class of ``n_classes - 1`` (the blank) or
+    more is a null label that ends the sequence: it and the null labels after
+    it are dropped, though they still count towards the frames needed.
+    Raises where TensorFlow raises, naming the sample.
+    """
+    batch = len(input_lengths)
     labels = np.asarray(labels)
     if labels.ndim != 2 or labels.shape[0] != batch:
-        raise ValueError(f"ctc: labels must be (batch={batch}, max_label_length), "
+        raise ValueError(f"{where}: labels must be (batch={batch}, max_label_length), "
                          f"got shape {labels.shape}")
     labels = np.ascontiguousarray(labels, dtype=np.int64)
-    label_lengths = _as_lengths(label_lengths, batch, labels.shape[1], "label_lengths")
-    used = np.arange(labels.shape[1])[None, :] < label_lengths[:, None]
-    bad = used & ((labels < 0) | (labels >= n_classes - 1))
-    if bad.any():
-        raise ValueError(f"ctc: labels must lie in 0..{n_classes - 2} (class {n_classes - 1} "
-                         f"is the blank); got {labels[bad].tolist()}")
-    return labels, label_lengths
+    label_lengths = _as_lengths(label_lengths, batch, labels.shape[1], "label_lengths", where)
+    blank = n_classes - 1
+    positions = np.arange(labels.shape[1])[None, :]
+    used = positions < label_lengths[:, None]
+    null = used & (labels >= blank)
+    real_lengths = np.where(null.any(axis=1), null.argmax(axis=1), label_lengths)
+    after_null = used & ~null & (positions > real_lengths[:, None])
+    empty = "has an empty label (label_length 0); TensorFlow's CTC loss needs one or more"
+    negative = "has a negative label"
+    real_after_null = f"has a label below {blank} after a null label ({blank} or more)"
+    too_long = ("has more labels than input frames (TensorFlow: \"Not enough time for "
+                "target transition sequence\")")
+    problems = [(label_lengths == 0, empty), ((used & (labels < 0)).any(axis=1), negative),
+                (after_null.any(axis=1), real_after_null), (label_lengths > input_lengths, too_long)]
+    for bad, what in problems:
+        if bad.any():
+            b = int(np.argmax(bad))
+            raise ValueError(f"{where}: sample {b} {what}: labels "
+                             f"{labels[b, :label_lengths[b]].tolist()}, input length "
+                             f"{input_lengths[b]}, {n_classes} classes")
+    return labels, real_lengths
 
 
-def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad=True):
+def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad=True,
+                      where="ctc"):
     """CTC loss per sample and its gradient with respect to the logits.
 
     What ``tf.nn.ctc_loss`` computes with ``preprocess_collapse_repeated=False,
@@ -431,11 +461,12 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
         logits: (batch, time, classes) unnormalised log-probabilities; softmax
             is applied over classes (Keras passes ``log(y_pred + epsilon)``).
             The blank is class ``classes - 1``.
-        labels: (batch, max_label_length) integer labels in 0..classes-2;
-            entries at and after ``label_lengths[b]`` are ignored (padding).
-        label_lengths: (batch,) or (batch, 1), each in 0..max_label_length.
-        input_lengths: (batch,) or (batch, 1), each in 0..time.
+        labels: (batch, max_label_length) integer labels; entries at and
+            after ``label_lengths[b]`` are ignored (padding).
+        label_lengths: (batch,) or (batch, 1), each in 1..max_label_length.
+        input_lengths: (batch,) or (batch, 1), each in label_lengths[b]..time.
         compute_grad: when False the gradient is skipped and returned as None.
+        where: the name errors start with.
 
     Returns:
         loss: (batch,) ``-log p(label | logits)``, summed over all alignments.
@@ -443,26 +474,73 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
             ``softmax(logits) - posterior occupancy of each class``; zero for
             frames at and after ``input_lengths[b]``.
 
-    A label that cannot be aligned (the input is shorter than the label plus
-    one blank between each pair of equal neighbours), or whose alignments all
-    have probability zero, gives ``loss = +inf`` (as PyTorch's ctc_loss) and
-    a zero gradient, not nan, so that one such sample leaves the rest of the
-    batch's gradient usable.  TF raises "Not enough time for target
-    transition sequence" instead.  An empty label on an empty input has
-    loss 0.  A label length beyond the labels' width is an error here; TF's
+    As TensorFlow's CTC loss:
+
+    * A class of ``classes - 1`` (the blank) or more in a label is a null
+      label: it ends the sequence, and only the labels before it are scored
+      (a real label after a null one is an error).  Keras's image_ocr example
+      trains on such one-item blank labels.
+    * A label whose items are all null is scored as TensorFlow 1 scores it
+      (a one-state lattice whose boundary writes fall outside it): for input
+      length T >= 2, ``-(sum_{t<T-1} log y_blank(t) + log(1 + y_blank(T-1)))``,
+      where the empty labelling's loss has ``log y_blank(T-1)`` for the last
+      term, and a gradient ``y - onehot(blank)`` except for the last frame's
+      blank entry, ``y_blank - y_blank / (1 + y_blank)``.  For T = 1 it is the
+      empty labelling's: ``-log y_blank(0)``.
+    * A label with no alignment (equal neighbours need a blank between them,
+      so it needs more frames than it has items) or whose alignments all have
+      probability zero has loss +inf, and the softmax of the used frames as
+      its gradient.
+    * Errors, naming the sample: an empty label (label length 0), a negative
+      label, a real label after a null one, and more label items than input
+      frames (TF: "Not enough time for target transition sequence").
+
+    A label length beyond the labels' width is an error here; TF's
     dense-to-sparse conversion in Keras would silently clip it.
     """
-    logits = _as_logits(logits)
+    logits = _as_logits(logits, where)
     batch, n_time, n_classes = logits.shape
-    labels, label_lengths = _as_labels(labels, label_lengths, batch, n_classes)
-    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths")
+    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths", where)
+    labels, real_lengths = _tf_labels(labels, label_lengths, input_lengths, n_classes, where)
     compute_grad = bool(compute_grad)
     loss = np.empty(batch, dtype=logits.dtype)
     grad_shape = logits.shape if compute_grad else (batch, 0, 0)  # (batch, 0, 0): unused
     grad = np.empty(grad_shape, dtype=logits.dtype)
-    _ctc_loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, label_lengths,
+    _ctc_loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, real_lengths,
                                 input_lengths, compute_grad, loss, grad)
+    _all_null_labels_as_tf1(logits, input_lengths, real_lengths == 0, loss, grad)
     return loss, (grad if compute_grad else None)
+
+
+def _all_null_labels_as_tf1(logits, input_lengths, all_null, loss, grad):
+    """Loss and gradient of the samples whose label items are all null, as
+    TensorFlow 1 computes them (see :func:`ctc_loss_and_grad`).
+
+    TF builds a one-state lattice (the blank) for such a label but still
+    writes the usual two start and two end states.  With its column-major
+    matrices the second end write lands on the state's beta one frame before
+    the last, which beta's recursion then adds to: beta(T-2) is
+    log(1 + y_blank(T-1)) instead of log y_blank(T-1).  The gradient's
+    occupancy of the blank is exp(alpha + beta - log p): 1 at every frame but
+    the last, where it is y_blank / (1 + y_blank).
+    """
+    blank = logits.shape[2] - 1
+    for b in np.nonzero(all_null)[0].tolist():
+        n_frames = int(input_lengths[b])
+        log_probs = _log_softmax(logits[b, :n_frames])
+        log_blank = log_probs[:, blank]
+        occupancy = np.ones(n_frames)
+        if n_frames >= 2:
+            log_p = log_blank[:-1].sum() + np.log1p(np.exp(log_blank[-1]))
+            occupancy[-1] = np.exp(log_blank[-1] - np.log1p(np.exp(log_blank[-1])))
+        else:
+            log_p = log_blank[0]
+        loss[b] = -log_p
+        if grad.size:
+            grad[b] = 0.0
+            grad[b, :n_frames] = np.exp(log_probs)
+            if log_p > _NEG_INF:  # else, as TF, no valid path: the softmax alone
+                grad[b, :n_frames, blank] -= occupancy
 
 
 def _ctc_loss_kernel_for_here():
@@ -542,145 +620,218 @@ def ctc_greedy_decode(logits, input_lengths, merge_repeated=True):
 # Prefix beam search
 
 
-class _Trie:
-    """Label prefixes as nodes of a tree: node 0 is the empty prefix.
+# Columns of the prefix tree: each node is a label prefix, node 0 the empty
+# one; a node's children are linked in increasing label order.
+_PARENT, _LABEL_OF, _FIRST_CHILD, _NEXT_SIBLING = 0, 1, 2, 3
+# Columns of a node's log-probabilities: of the frames so far collapsing to its
+# prefix (total), and of those ending in a blank or in its last label.
+_TOTAL, _BLANK, _LABEL = 0, 1, 2
 
-    Grows on demand for the free beam search.  Built from a dictionary it is
-    fixed, and ``children`` (nodes, labels) gives each node's child by label
-    (-1 for none) so that extensions outside the dictionary can be pruned.
+
+class _PrefixTree:
+    """Label prefixes as a tree of nodes in an int64 array (one row per node:
+    parent, last label, first child, next sibling; -1 for none); node 0 is
+    the empty prefix.  The free beam search adds nodes as it needs them; a
+    tree built from a dictionary is fixed, and ``is_word`` marks its entries.
     """
 
-    def __init__(self, n_labels):
-        self.n_labels = n_labels
-        self.parent = [-1]
-        self.label = [-1]
-        self.index = {}  # node * n_labels + label -> child node
-        self.children = None
+    def __init__(self, capacity=64):
+        self.nodes = np.full((capacity, 4), -1, dtype=np.int64)
+        self.n_nodes = 1
         self.is_word = None
 
-    def children_of(self, nodes, labels):
-        """The child node of each (node, label) pair, created when missing."""
-        if self.children is not None:
-            return self.children[nodes, labels]
-        out = []
-        for node, label in zip(nodes.tolist(), labels.tolist()):
-            key = node * self.n_labels + label
-            child = self.index.get(key)
-            if child is None:
-                child = len(self.parent)
-                self.index[key] = child
-                self.parent.append(node)
-                self.label.append(label)
-            out.append(child)
-        return np.array(out, dtype=np.int64)
-
     def sequence(self, node):
+        """The labels of a node's prefix."""
         out = []
         while node > 0:
-            out.append(self.label[node])
-            node = self.parent[node]
+            out.append(int(self.nodes[node, _LABEL_OF]))
+            node = int(self.nodes[node, _PARENT])
         return out[::-1]
 
     @classmethod
-    def from_words(cls, words, n_labels):
-        trie = cls(n_labels)
-        ends = set()
+    def from_words(cls, words):
+        index = {(): 0}
         for word in words:
-            node = np.zeros(1, dtype=np.int64)
-            for label in word:
-                node = trie.children_of(node, np.array([label]))
-            ends.add(int(node[0]))
-        n_nodes = len(trie.parent)
-        trie.children = np.full((n_nodes, n_labels), -1, dtype=np.int64)
-        trie.children[trie.parent[1:], trie.label[1:]] = np.arange(1, n_nodes)
-        trie.is_word = np.zeros(n_nodes, dtype=bool)
-        trie.is_word[list(ends)] = True
-        return trie
+            for end in range(1, len(word) + 1):
+                index.setdefault(tuple(word[:end]), len(index))
+        tree = cls(len(index))
+        tree.n_nodes = len(index)
+        tree.is_word = np.zeros(len(index), dtype=bool)
+        tree.is_word[[index[tuple(word)] for word in words]] = True
+        # Link children in decreasing label order, each in front of the last.
+        for prefix in sorted(index, key=lambda p: (len(p), p), reverse=True)[:-1]:
+            node, parent = index[prefix], index[prefix[:-1]]
+            tree.nodes[node, _PARENT] = parent
+            tree.nodes[node, _LABEL_OF] = prefix[-1]
+            tree.nodes[node, _NEXT_SIBLING] = tree.nodes[parent, _FIRST_CHILD]
+            tree.nodes[parent, _FIRST_CHILD] = node
+        return tree
 
 
-def _best_first(scores, count):
-    """Indices of the ``count`` largest finite scores, largest first, ties in index order."""
-    if len(scores) > count:
-        threshold = np.partition(scores, len(scores) - count)[len(scores) - count]
-        candidates = np.nonzero(scores >= threshold)[0]
-    else:
-        candidates = np.arange(len(scores))
-    order = candidates[np.argsort(-scores[candidates], kind="stable")][:count]
-    return order[scores[order] > _NEG_INF]
+@numba.njit(inline="always")
+def _log_add(a, b):
+    """log(exp(a) + exp(b)), as TensorFlow's LogSumExp."""
+    if a == _NEG_INF:
+        return b
+    if b == _NEG_INF:
+        return a
+    return max(a, b) + math.log1p(math.exp(min(a, b) - max(a, b)))
 
 
-def _prefix_beam_search(log_probs, beam_width, trie):
-    """Prefix beam search over one sample's (frames, classes) log-softmax.
+@numba.njit(inline="always")
+def _heap_push(heap, size, node, prob):
+    """Adds node to the min-heap heap[:size] keyed by prob[node, _TOTAL]; the new size."""
+    i = size
+    while i > 0:
+        up = (i - 1) // 2
+        if prob[heap[up], _TOTAL] <= prob[node, _TOTAL]:
+            break
+        heap[i] = heap[up]
+        i = up
+    heap[i] = node
+    return size + 1
 
-    Follows TF's CTCBeamSearchDecoder with its default scorer: each beam entry
-    is a distinct label prefix with two log-probabilities, of the frames so far
-    collapsing to it and ending in a blank (p_blank) or in its last label
-    (p_label).  Per frame every entry (a) stays (blank, or a repeat of its last
-    label that collapses into it) and (b) is extended by each label; extending
-    by the last label needs a blank in between, so it starts from p_blank.
-    An extension already in the beam adds to that entry.  Then the
-    ``beam_width`` entries of largest total probability are kept (the
-    existing entries first, then extensions by parent and label, on ties);
-    entries of probability zero are dropped.  The probabilities are summed
-    over the alignments that stayed within the beam, so with a beam wider than
-    the number of prefixes they are exact.
 
-    Returns (trie nodes, total log-probabilities), best first.
+@numba.njit(inline="always")
+def _heap_pop(heap, size, prob):
+    """Removes the least probable node of heap[:size]; (that node, the new size)."""
+    bottom = heap[0]
+    size -= 1
+    last = heap[size]
+    i = 0
+    while 2 * i + 1 < size:
+        child = 2 * i + 1
+        if child + 1 < size and prob[heap[child + 1], _TOTAL] < prob[heap[child], _TOTAL]:
+            child += 1
+        if prob[heap[child], _TOTAL] >= prob[last, _TOTAL]:
+            break
+        heap[i] = heap[child]
+        i = child
+    heap[i] = last
+    return bottom, size
+
+
+@numba.njit(inline="always")
+def _is_candidate(log_prob, leaves, size, beam_width, prob):
+    """TF's is_candidate: nonzero, and the beam has room or its least probable is less."""
+    return log_prob > _NEG_INF and (size < beam_width or log_prob > prob[leaves[0], _TOTAL])
+
+
+@njit_cached(error_model="numpy")
+def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
+    """TensorFlow's CTCBeamSearchDecoder::Step over every frame, default scorer.
+
+    log_probs is one sample's (frames, classes) log-softmax; nodes the prefix
+    tree (see :class:`_PrefixTree`), extended when grow, else fixed (a
+    dictionary: extensions outside it are skipped).  Returns (the beam's
+    nodes best first, their log-probabilities, the tree, its node count).
+
+    Per frame, as TF: the beam's entries, best first, become the branches and
+    each is updated in place (a blank, or a repeat of its last label; plus
+    the extension of its parent by its last label when the parent was in the
+    beam), then put back in the beam.  Then each branch, best first, whose
+    previous probability beats the beam's least probable entry (or the beam
+    has room) is extended by each label in turn: an extension whose prefix is
+    not in the beam now enters with the extension's probability alone when
+    it beats the least probable entry, which leaves the beam and is zeroed;
+    otherwise both its probabilities are zeroed, so a branch that had left
+    the beam earlier in this frame is then extended no more.  Extending by
+    the last label needs a blank in between, so it starts from the branch's
+    blank probability.
     """
     n_labels = log_probs.shape[1] - 1
-    nodes = np.zeros(1, dtype=np.int64)
-    parents = np.full(1, -1, dtype=np.int64)     # parent node of each entry
-    last = np.full(1, -1, dtype=np.int64)        # last label of each prefix, -1 if empty
-    parent_pos = np.full(1, -1, dtype=np.int64)  # position of the parent in the beam, or -1
-    p_blank = np.zeros(1)
-    p_label = np.full(1, _NEG_INF)
-    for frame in log_probs:
-        label_lp = frame[:n_labels]
-        total = np.logaddexp(p_blank, p_label)
-        in_label = np.nonzero(last >= 0)[0]
-        stay_blank = total + frame[n_labels]
-        stay_label = np.full(len(nodes), _NEG_INF)
-        stay_label[in_label] = p_label[in_label] + label_lp[last[in_label]]
-        extend = total[:, None] + label_lp[None, :]
-        extend[in_label, last[in_label]] = p_blank[in_label] + label_lp[last[in_label]]
-        if trie.children is not None:
-            extend[trie.children[nodes] < 0] = _NEG_INF
-        # Extensions of a prefix into another prefix of the beam merge there.
-        inner = np.nonzero(parent_pos >= 0)[0]
-        from_rows, by_labels = parent_pos[inner], last[inner]
-        stay_label[inner] = np.logaddexp(stay_label[inner], extend[from_rows, by_labels])
-        extend[from_rows, by_labels] = _NEG_INF
+    blank = n_labels
+    capacity = nodes.shape[0]
+    new = np.full((capacity, 3), _NEG_INF)
+    old = np.full((capacity, 3), _NEG_INF)
+    new[0, _TOTAL] = 0.0
+    new[0, _BLANK] = 0.0
+    leaves = np.empty(beam_width, dtype=np.int64)  # min-heap on new[:, _TOTAL]
+    leaves[0] = 0
+    size = 1
+    for t in range(log_probs.shape[0]):
+        lp = log_probs[t]
+        branches = leaves[:size][np.argsort(-new[leaves[:size], _TOTAL], kind="mergesort")]
+        for b in branches:
+            old[b] = new[b]
+        size = 0
+        for b in branches:
+            if b != 0:
+                parent = nodes[b, _PARENT]
+                label = nodes[b, _LABEL_OF]
+                if new[parent, _TOTAL] > _NEG_INF:  # the parent is in the beam
+                    if label == nodes[parent, _LABEL_OF]:
+                        previous = old[parent, _BLANK]
+                    else:
+                        previous = old[parent, _TOTAL]
+                    new[b, _LABEL] = _log_add(new[b, _LABEL], previous)
+                new[b, _LABEL] += lp[label]
+            new[b, _BLANK] = old[b, _TOTAL] + lp[blank]
+            new[b, _TOTAL] = _log_add(new[b, _BLANK], new[b, _LABEL])
+            size = _heap_push(leaves, size, b, new)
 
-        # The new beam, best first: kept entries and new extensions interleave.
-        n_old = len(nodes)
-        keep = _best_first(np.concatenate([np.logaddexp(stay_blank, stay_label),
-                                           extend.ravel()]), beam_width)
-        if len(keep) == 0:  # every prefix has probability zero
-            return keep, np.empty(0)
-        is_old = keep < n_old
-        old = keep[is_old]
-        rows, labels = np.divmod(keep[~is_old] - n_old, n_labels)
-        new_nodes = np.empty(len(keep), dtype=np.int64)
-        new_nodes[is_old] = nodes[old]
-        new_nodes[~is_old] = trie.children_of(nodes[rows], labels)
-        new_parents = np.empty(len(keep), dtype=np.int64)
-        new_parents[is_old] = parents[old]
-        new_parents[~is_old] = nodes[rows]
-        new_last = np.empty(len(keep), dtype=np.int64)
-        new_last[is_old] = last[old]
-        new_last[~is_old] = labels
-        p_blank = np.full(len(keep), _NEG_INF)
-        p_blank[is_old] = stay_blank[old]
-        p_label = np.empty(len(keep))
-        p_label[is_old] = stay_label[old]
-        p_label[~is_old] = extend[rows, labels]
-        nodes, parents, last = new_nodes, new_parents, new_last
-        # Where each entry's parent sits in the new beam.
-        by_node = np.argsort(nodes)
-        at = np.minimum(np.searchsorted(nodes[by_node], parents), len(nodes) - 1)
-        parent_pos = np.where(nodes[by_node[at]] == parents, by_node[at], -1)
-    # Entries were kept in decreasing order of total probability.
-    return nodes, np.logaddexp(p_blank, p_label)
+        for b in branches:
+            if not _is_candidate(old[b, _TOTAL], leaves, size, beam_width, new):
+                continue
+            child = nodes[b, _FIRST_CHILD]
+            before = -1  # the child before `child`, to link a new node after
+            for label in range(n_labels):
+                while child >= 0 and nodes[child, _LABEL_OF] < label:
+                    before = child
+                    child = nodes[child, _NEXT_SIBLING]
+                c = child if child >= 0 and nodes[child, _LABEL_OF] == label else -1
+                if c < 0 and not grow:
+                    continue
+                if c >= 0 and new[c, _TOTAL] > _NEG_INF:  # in the beam
+                    continue
+                if label == nodes[b, _LABEL_OF]:
+                    extension = lp[label] + old[b, _BLANK]
+                else:
+                    extension = lp[label] + old[b, _TOTAL]
+                if _is_candidate(extension, leaves, size, beam_width, new):
+                    if c < 0:
+                        if n_nodes == capacity:
+                            capacity *= 2
+                            grown = np.full((capacity, 4), -1, dtype=np.int64)
+                            grown[:n_nodes] = nodes
+                            nodes = grown
+                            grown_new = np.full((capacity, 3), _NEG_INF)
+                            grown_new[:n_nodes] = new
+                            new = grown_new
+                            grown_old = np.full((capacity, 3), _NEG_INF)
+                            grown_old[:n_nodes] = old
+                            old = grown_old
+                        c = n_nodes
+                        n_nodes += 1
+                        nodes[c, _PARENT] = b
+                        nodes[c, _LABEL_OF] = label
+                        nodes[c, _NEXT_SIBLING] = child
+                        if before < 0:
+                            nodes[b, _FIRST_CHILD] = c
+                        else:
+                            nodes[before, _NEXT_SIBLING] = c
+                        before = c
+                    if size == beam_width:
+                        bottom, size = _heap_pop(leaves, size, new)
+                        new[bottom] = _NEG_INF
+                    new[c, _BLANK] = _NEG_INF
+                    new[c, _LABEL] = extension
+                    new[c, _TOTAL] = extension
+                    size = _heap_push(leaves, size, c, new)
+                elif c >= 0:
+                    new[c] = _NEG_INF
+                    old[c] = _NEG_INF
+    beam = leaves[:size][np.argsort(-new[leaves[:size], _TOTAL], kind="mergesort")]
+    return beam, new[beam, _TOTAL], nodes, n_nodes
+
+
+def _beam_search(log_probs, beam_width, tree, grow):
+    """Runs :func:`_beam_search_kernel` on ``tree`` (a :class:`_PrefixTree`, kept
+    up to date); returns (the beam's nodes, their log-probabilities), best first."""
+    beam, totals, tree.nodes, tree.n_nodes = _beam_search_kernel(
+        np.ascontiguousarray(log_probs, dtype=np.float64), beam_width, tree.nodes,
+        tree.n_nodes, grow)
+    return beam, totals
 
 
 def _merge_runs(sequence):
@@ -688,11 +839,11 @@ def _merge_runs(sequence):
     return [label for i, label in enumerate(sequence) if i == 0 or label != sequence[i - 1]]
 
 
-def _check_beam_args(beam_width, top_paths):
+def _check_beam_args(beam_width, top_paths, where="ctc"):
     if beam_width < 1:
-        raise ValueError(f"ctc: beam_width must be >= 1, got {beam_width}")
+        raise ValueError(f"{where}: beam_width must be >= 1, got {beam_width}")
     if not 1 <= top_paths <= beam_width:
-        raise ValueError(f"ctc: top_paths must lie in 1..beam_width ({beam_width}), "
+        raise ValueError(f"{where}: top_paths must lie in 1..beam_width ({beam_width}), "
                          f"got {top_paths}")
 
 
@@ -713,8 +864,16 @@ def _collect_top_paths(per_sample, top_paths, dtype):
 
 
 def ctc_beam_search_decode(logits, input_lengths, beam_width=100, top_paths=1,
-                           merge_repeated=False):
+                           merge_repeated=False, where="ctc"):
     """Prefix beam search, as ``tf.nn.ctc_beam_search_decoder`` (default scorer).
+
+    Reproduces TensorFlow's CTCBeamSearchDecoder step by step (see
+    :func:`_beam_search_kernel`), with its normalisation of the logits
+    (log-softmax per frame, TensorFlow 1.11 and later, which Keras 2.2.5's
+    tests assume), in float64.  Its pruning is more than keeping the
+    ``beam_width`` most probable prefixes: an entry that leaves the beam
+    during a frame and is then offered again as an extension is extended no
+    more in that frame.  Only ties may be ordered differently.
 
     Args:
         logits: (batch, time, classes); log-softmax is applied per frame.
@@ -723,8 +882,10 @@ def ctc_beam_search_decode(logits, input_lengths, beam_width=100, top_paths=1,
         top_paths: number of decodings returned per sample, 1..beam_width.
         merge_repeated: as TF, merge runs of the same label in the returned
             sequences (so that "a a" decodes as "a"); the log-probabilities
-            are those of the unmerged prefixes.  Keras 2.2.5's ``ctc_decode``
-            passes False, the default here.
+            are those of the unmerged prefixes, and two prefixes that merge
+            to the same sequence are returned apart.  Keras 2.2.5's
+            ``ctc_decode`` passes False, the default here.
+        where: the name errors start with.
 
     Returns:
         decoded: list of ``top_paths`` int64 arrays, the k-th (batch, longest
@@ -733,23 +894,29 @@ def ctc_beam_search_decode(logits, input_lengths, beam_width=100, top_paths=1,
         log_probs: (batch, top_paths) log-probability of each decoding: the
             probability that the frames collapse to that label sequence,
             summed over the alignments the beam kept; non-increasing along
-            each row.  When a sample has fewer than ``top_paths`` possible
-            prefixes, the missing decodings are empty with log-probability
-            -inf (TF raises "Less leaves in the beam search than requested").
+            each row.
+
+    A sample whose beam holds fewer than ``top_paths`` prefixes (too few
+    frames or classes for that many) is an error, as in TensorFlow ("Less
+    leaves in the beam search than requested").
     """
-    logits = _as_logits(logits)
+    logits = _as_logits(logits, where)
     batch, n_time, _ = logits.shape
-    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths")
+    input_lengths = _as_lengths(input_lengths, batch, n_time, "input_lengths", where)
     beam_width, top_paths = int(beam_width), int(top_paths)
-    _check_beam_args(beam_width, top_paths)
+    _check_beam_args(beam_width, top_paths, where)
     per_sample = []
     for b in range(batch):
-        trie = _Trie(logits.shape[2] - 1)
-        log_probs = _log_softmax(logits[b, :input_lengths[b]])
-        nodes, totals = _prefix_beam_search(log_probs, beam_width, trie)
+        tree = _PrefixTree()
+        nodes, totals = _beam_search(_log_softmax(logits[b, :input_lengths[b]]), beam_width,
+                                     tree, grow=True)
+        if len(nodes) < top_paths:
+            raise ValueError(f"{where}: sample {b} has {len(nodes)} prefixes in its beam after "
+                             f"{input_lengths[b]} frames, fewer than top_paths={top_paths} "
+                             f"(TensorFlow: \"Less leaves in the beam search than requested\")")
         found = []
         for node, total in zip(nodes[:top_paths].tolist(), totals[:top_paths].tolist()):
-            sequence = trie.sequence(node)
+            sequence = tree.sequence(node)
             found.append((_merge_runs(sequence) if merge_repeated else sequence, total))
         per_sample.append(found)
     return _collect_top_paths(per_sample, top_paths, logits.dtype)
@@ -833,14 +1000,14 @@ def ctc_dictionary_decode(logits, input_lengths, dict_seq_lens, dict_values, bea
     if beam_width is not None:
         beam_width = int(beam_width)
         _check_beam_args(beam_width, top_paths)
-        trie = _Trie.from_words(words, n_classes - 1)
+        tree = _PrefixTree.from_words(words)
         per_sample = []
         for b in range(batch):
-            log_probs = _log_softmax(logits[b, :input_lengths[b]])
-            nodes, totals = _prefix_beam_search(log_probs, beam_width, trie)
-            words_found = trie.is_word[nodes]
+            nodes, totals = _beam_search(_log_softmax(logits[b, :input_lengths[b]]), beam_width,
+                                         tree, grow=False)
+            words_found = tree.is_word[nodes] & (totals > _NEG_INF)
             nodes, totals = nodes[words_found][:top_paths], totals[words_found][:top_paths]
-            per_sample.append([(trie.sequence(node), total)
+            per_sample.append([(tree.sequence(node), total)
                                for node, total in zip(nodes.tolist(), totals.tolist())])
         return _collect_top_paths(per_sample, top_paths, logits.dtype)
 

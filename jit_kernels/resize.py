@@ -7,9 +7,11 @@
   which calls ``tf.image.resize_bilinear`` with the old TensorFlow sampling
   (align_corners=False, no half-pixel offset): output index ``o`` reads input
   position ``o * in / out``, interpolating between ``floor`` of it and the
-  next index, clamped to the last one.  Applied one spatial axis at a time
-  (last axis first, so the rounding matches TensorFlow's
-  top/bottom-then-vertical order); any spatial rank works.
+  next index, clamped to the last one; positions and weights in float32 as
+  TensorFlow's.  Applied one spatial axis at a time (last axis first, so the
+  rounding matches TensorFlow's top/bottom-then-vertical order: float32
+  results are TensorFlow's to the bit); any spatial rank works.  TensorFlow
+  returns float32 for any input; here the output keeps the input's dtype.
 """
 
 import numpy as np
@@ -87,11 +89,16 @@ def _interpolate_axis_backward(dy, low, high, frac, dx):
 
 
 def _axis_samples(size_in, size_out, dtype):
-    """Input indices below and above output sample o, and the weight of the one above."""
-    position = np.arange(size_out) * (size_in / size_out)
-    low = np.floor(position).astype(np.int64)
+    """Input indices below and above output sample o, and the weight of the one above.
+
+    Computed in float32 as TensorFlow computes them, whatever the dtype: the
+    scale in / out, o * scale, its integer part and the remainder.
+    """
+    scale = np.float32(size_in) / np.float32(size_out)
+    position = np.arange(size_out, dtype=np.float32) * scale
+    low = position.astype(np.int64)  # position >= 0: truncation is floor
     high = np.minimum(low + 1, size_in - 1)
-    return low, high, (position - low).astype(dtype)
+    return low, high, (position - low.astype(np.float32)).astype(dtype)
 
 
 def _as_outer_axis_inner(shape, axis):

@@ -43,14 +43,15 @@ from .math import *
 from .nn import *
 from .random import *
 from .rnn import *
+from .sparse import SparseTensorValue
 from .updates import *
 
 config.load_config()
 
 __all__ = [
-    "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx", "image_data_format",
-    "image_dim_ordering", "normalize_data_format", "set_epsilon", "set_floatx",
-    "set_image_data_format", "set_image_dim_ordering",
+    "SparseTensorValue", "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx",
+    "image_data_format", "image_dim_ordering", "normalize_data_format", "set_epsilon",
+    "set_floatx", "set_image_data_format", "set_image_dim_ordering",
 ]
 __all__ += autodiff.__all__
 __all__ += conv.__all__

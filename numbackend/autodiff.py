@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from .graph import Constant, Tensor, toposort
+from .graph import Constant, SparseTensor, Tensor, toposort
 from .ops import OPS, apply, as_tensor, last_axis_window
 
 
@@ -32,6 +32,12 @@ def gradients(loss, variables):
     for v in variables:
         if not isinstance(v, Tensor):
             raise TypeError(f"gradients: expected tensors to differentiate against, got {v!r}")
+        if isinstance(v, SparseTensor):
+            raise TypeError(f"gradients: cannot differentiate against the sparse tensor {v.name!r} "
+                            f"of shape {v.shape}; differentiate against a dense tensor")
+    if isinstance(loss, SparseTensor):
+        raise TypeError(f"gradients: the loss {loss.name!r} is a sparse tensor; make it dense with "
+                        "K.to_dense first")
     if not is_float(loss):
         raise TypeError(f"gradients: the loss must be a float tensor, got dtype {loss.dtype}")
     order = toposort([loss])

@@ -45,7 +45,7 @@ LEAVES = ("placeholder", "variable", "constant")
 # plan, whose kernels go parallel.
 ONE_CALL_AFTER = 10
 ONE_CALL_MAX_ELEMENTS = 1 << 14
-_VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic")
+_VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic", "expand_dims")
 
 
 def debug_level():
@@ -941,12 +941,17 @@ def _broadcast_runtime(*arrays):
 class Function:
     """A compiled ``K.function``: call it with a list of arrays, one per input."""
 
-    def __init__(self, inputs, outputs, updates=(), name=None):
+    def __init__(self, inputs, outputs, updates=(), name=None, input_numbers=None):
+        """``input_numbers``: the number that messages give each input, where it
+        is not its position (sparse.SparseFunction's inputs, a sparse input's
+        three parts in its place)."""
         from . import ops
         self.inputs = list(inputs)
+        self._input_numbers = list(input_numbers or range(len(self.inputs)))
         for i, x in enumerate(self.inputs):
             if not isinstance(x, Placeholder):
-                raise TypeError(f"function: input {i} must be a placeholder, got {x!r}")
+                raise TypeError(f"function: input {self._input_numbers[i]} must be a placeholder, "
+                                f"got {x!r}")
         # per input: its dtype, rank and known (axis, size) pairs, checked on every call
         self._expected = [(np.dtype(x.dtype), len(x.shape),
                            tuple((a, d) for a, d in enumerate(x.shape) if d is not None))
@@ -1005,14 +1010,17 @@ class Function:
             dtype, ndim, known = self._expected[i]
             arr = value if type(value) is np.ndarray else np.asarray(value)
             if arr.dtype != dtype and not _castable(arr, dtype):
-                raise TypeError(f"function: input {i} ({self.inputs[i].name!r}) has dtype "
+                _refuse_sparse(self._input_numbers[i], self.inputs[i], value)
+                raise TypeError(f"function: input {self._input_numbers[i]} "
+                                f"({self.inputs[i].name!r}) has dtype "
                                 f"{dtype}; cannot cast a {arr.dtype} array to it")
             shape = arr.shape
             fits = len(shape) == ndim
             for axis, size in known:
                 fits = fits and shape[axis] == size
             if not fits:
-                raise ValueError(f"function: input {i} ({self.inputs[i].name!r}) expects shape "
+                raise ValueError(f"function: input {self._input_numbers[i]} "
+                                 f"({self.inputs[i].name!r}) expects shape "
                                  f"{format_shape(self.inputs[i].shape)}, got {shape}")
             if arr.dtype != dtype or not arr.flags.c_contiguous:
                 arr = np.array(arr, dtype=dtype, order="C")
@@ -1106,6 +1114,17 @@ def _fork_gate():
     # jit_kernels is loaded on a function's first call, not when numbackend is imported
     from jit_kernels import fork_gate
     return fork_gate
+
+
+def _refuse_sparse(i, placeholder, value):
+    """Raise where a scipy.sparse matrix is fed to dense input ``i``: as
+    TensorFlow, numbackend does not make it dense (Keras does, before its calls)."""
+    from .sparse import is_scipy_sparse
+    if is_scipy_sparse(value):
+        raise TypeError(f"function: input {i} ({placeholder.name!r}) is dense, of shape "
+                        f"{format_shape(placeholder.shape)}: got a scipy.sparse matrix of shape "
+                        f"{value.shape}; feed value.toarray(), or make the input sparse "
+                        "(K.placeholder(..., sparse=True), Input(..., sparse=True))")
 
 
 def _castable(arr, dtype):

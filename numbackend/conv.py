@@ -370,7 +370,10 @@ def _resize(where, rank, x, factors, data_format, dim_ordering, interpolation):
 def resize_images(x, height_factor, width_factor, data_format=None, interpolation="nearest",
                   dim_ordering=None):
     """Images of a 4-D tensor scaled by the integer factors: 'nearest' repeats each
-    pixel, 'bilinear' interpolates as TensorFlow's resize_bilinear."""
+    pixel, 'bilinear' interpolates as TensorFlow 1's resize_bilinear
+    (align_corners=False; float32 results equal TensorFlow's), keeping the
+    input's dtype where TensorFlow returns float32.  Any other interpolation
+    is a ValueError, as in Keras 2.2.5's TensorFlow backend."""
     return _resize("resize_images", 2, x, (height_factor, width_factor), data_format,
                    dim_ordering, interpolation)
 

@@ -1,12 +1,13 @@
 """Variables, placeholders, constants, compiled functions and their values."""
 import gc
-from contextlib import contextmanager
 
 import numpy as np
 
-from . import codegen, config
+from . import codegen, config, names
+from . import sparse as sparse_tensors
 from .compiler import Function
 from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
+from .names import name_scope
 from .ops import apply, as_tensor
 
 _uid_prefixes = {}
@@ -20,32 +21,46 @@ def variable(value, dtype=None, name=None, constraint=None):
     """A variable initialised with ``value`` (a NumPy array or number).
 
     Keras 2.2.5: ``variable(value, dtype=None, name=None, constraint=None)``.
+    Its name is TensorFlow's: ``name`` (default ``'Variable'``) inside the current
+    name scope, made unique, with ``:0`` appended (see ``name_scope``).
+    As with its TensorFlow backend, a scipy.sparse matrix makes a sparse tensor
+    of its nonzeros (of ``dtype``, floatx by default), which is not a variable:
+    fixed and not trainable; ``get_value`` gives its SparseTensorValue and
+    ``eval`` its dense array.
     """
+    if sparse_tensors.is_scipy_sparse(value):
+        v = sparse_tensors.variable(value, dtype=dtype,
+                                    name=names.tensor_name(name, "Variable", "variable"))
+        v._keras_shape = v.shape
+        v._uses_learning_phase = False
+        return v
     if is_tensor(value):
         value = eval(value)
-    if hasattr(value, "toarray"):  # a SciPy sparse matrix: stored dense
-        value = value.toarray()
     dtype = _dtype_or_floatx(dtype, "variable")
-    v = Variable(np.asarray(value), dtype, name=name, constraint=constraint)
+    v = Variable(np.asarray(value), dtype, name=names.tensor_name(name, "Variable", "variable"),
+                 constraint=constraint)
     v._keras_shape = v.shape
     v._uses_learning_phase = False
     return v
 
 
 def constant(value, dtype=None, shape=None, name=None):
-    """A constant tensor; a scalar ``value`` is filled into ``shape`` when given."""
+    """A constant tensor; a scalar ``value`` is filled into ``shape`` when given.
+    Named as TensorFlow names it (default ``'Const'``, see ``variable``)."""
     dtype = _dtype_or_floatx(dtype, "constant")
     value = np.asarray(value, dtype=dtype)
     if shape is not None:
         value = np.full(tuple(shape), value, dtype=dtype) if value.ndim == 0 else value.reshape(shape)
-    return Constant(value, dtype=dtype, name=name)
+    return Constant(value, dtype=dtype, name=names.tensor_name(name, "Const", "constant"))
 
 
 def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     """An input of a compiled function; ``shape`` may hold None entries; one of
-    ``shape``/``ndim`` is required and ``shape`` wins."""
-    if sparse:
-        raise NotImplementedError("placeholder: sparse placeholders are not supported by numbackend")
+    ``shape``/``ndim`` is required and ``shape`` wins.  Named as TensorFlow names
+    it (default ``'Placeholder'``, see ``variable``).
+
+    ``sparse=True`` (Keras's ``Input(sparse=True)``): a 2-D sparse tensor,
+    which ``K.function`` feeds with a scipy.sparse matrix of any format."""
     if shape is None:
         if ndim is None:
             raise ValueError("placeholder: give a shape or an ndim")
@@ -53,15 +68,19 @@ def placeholder(shape=None, ndim=None, dtype=None, sparse=False, name=None):
     shape = tuple(None if d is None else int(d) for d in shape)
     if any(d is not None and d < 0 for d in shape):
         raise ValueError(f"placeholder: negative dimension in shape {shape}")
-    p = Placeholder(shape, _dtype_or_floatx(dtype, "placeholder"), name=name)
+    name = names.tensor_name(name, "Placeholder", "placeholder")
+    if sparse:
+        p = sparse_tensors.placeholder(shape, _dtype_or_floatx(dtype, "placeholder"), name=name)
+    else:
+        p = Placeholder(shape, _dtype_or_floatx(dtype, "placeholder"), name=name)
     p._keras_shape = shape
     p._uses_learning_phase = False
     return p
 
 
 def is_placeholder(x):
-    """True if x is a placeholder."""
-    return isinstance(x, Placeholder)
+    """True if x is a placeholder (a sparse one too)."""
+    return isinstance(x, Placeholder) or (sparse_tensors.is_sparse(x) and x.is_placeholder)
 
 
 def is_keras_tensor(x):
@@ -73,17 +92,20 @@ def is_keras_tensor(x):
 
 
 def is_sparse(tensor):
-    """numbackend has no sparse tensors: always False."""
-    return False
+    """True if ``tensor`` is a sparse tensor (``K.placeholder(..., sparse=True)``,
+    ``K.variable`` of a scipy.sparse matrix, ``K.concatenate`` of sparse tensors)."""
+    return sparse_tensors.is_sparse(tensor)
 
 
 def to_dense(tensor):
-    """Tensors are always dense: returns the tensor."""
-    return tensor
+    """The dense tensor of a sparse tensor; any other tensor is returned as it is."""
+    return sparse_tensors.to_dense(tensor)
 
 
 def shape(x):
-    """The symbolic shape of x, as an int32 tensor."""
+    """The symbolic shape of x, as an int32 tensor (of a sparse tensor: its dense shape)."""
+    if sparse_tensors.is_sparse(x):
+        return sparse_tensors.shape(x)
     return apply("shape", x)
 
 
@@ -118,7 +140,10 @@ def dtype(x):
 
 
 def eval(x):
-    """The value of a tensor, as a NumPy array."""
+    """The value of a tensor, as a NumPy array (of a sparse tensor: its dense array,
+    as with Keras's TensorFlow backend)."""
+    if sparse_tensors.is_sparse(x):
+        x = sparse_tensors.to_dense(x)
     if isinstance(x, Variable):
         return x.value.copy()
     if isinstance(x, Constant):
@@ -190,7 +215,10 @@ def cast(x, dtype):
 
 
 def get_value(x):
-    """The value of a variable, as a NumPy array (a copy)."""
+    """The value of a variable, as a NumPy array (a copy); of a sparse tensor, its
+    SparseTensorValue (indices, values, dense_shape), as TensorFlow gives it."""
+    if sparse_tensors.is_sparse(x):
+        return function([], [x])([])[0]
     if not isinstance(x, Variable):
         if is_tensor(x):
             return eval(x)
@@ -206,7 +234,7 @@ def batch_get_value(ops):
 def set_value(x, value):
     """Set a variable's value from a NumPy array of the same shape."""
     if not isinstance(x, Variable):
-        raise TypeError(f"set_value: expected a variable, got {type(x).__name__}")
+        raise TypeError(f"set_value: expected a variable, got {_describe_tensor(x)}")
     x.assign(value)
 
 
@@ -215,7 +243,7 @@ def batch_set_value(tuples):
     tuples = list(tuples)
     for x, value in tuples:
         if not isinstance(x, Variable):
-            raise TypeError(f"batch_set_value: expected variables, got {type(x).__name__}")
+            raise TypeError(f"batch_set_value: expected variables, got {_describe_tensor(x)}")
         if np.shape(value) != x.shape:
             raise ValueError(f"batch_set_value: variable {x.name!r} has shape {x.shape}, "
                              f"got a value of shape {np.shape(value)}; no variable was changed")
@@ -228,10 +256,21 @@ def print_tensor(x, message=""):
     return apply("print_tensor", x, message=str(message))
 
 
+def _describe_tensor(x):
+    if sparse_tensors.is_sparse(x):
+        return f"the sparse tensor {x.name!r} of shape {x.shape}, whose value is fixed"
+    return type(x).__name__
+
+
 def function(inputs, outputs, updates=None, **kwargs):
     """Compile a function from placeholders to outputs; ``updates`` are
     (variable, new_value) pairs computed from the values before the call and
     written after it succeeds.
+
+    A sparse input (``K.placeholder(..., sparse=True)``) is fed a scipy.sparse
+    matrix of any format (or a SparseTensorValue); a dense input refuses one, as
+    with TensorFlow.  A sparse output comes back as a SparseTensorValue
+    (indices in row-major order, values, dense shape).
 
     Threads: calls of one function with updates run one at a time (each
     function with updates has a lock, held from reading the variables to
@@ -243,6 +282,9 @@ def function(inputs, outputs, updates=None, **kwargs):
     unknown = set(kwargs) - allowed
     if unknown:
         raise ValueError(f"function: invalid keyword argument(s) {sorted(unknown)}")
+    inputs = list(inputs)
+    if sparse_tensors.uses_sparse(inputs, outputs):
+        return sparse_tensors.SparseFunction(inputs, outputs, updates or [], name=kwargs.get("name"))
     return Function(inputs, outputs, updates or [], name=kwargs.get("name"))
 
 
@@ -264,25 +306,18 @@ def reset_uids():
 
 def clear_session():
     """Start afresh, as Keras's TensorFlow backend does: reset the counters of
-    get_uid (Keras's layer names), unfix the learning phase (see
+    get_uid (Keras's layer names) and the names taken (a new variable may be
+    named as one made before), unfix the learning phase (see
     set_learning_phase), and drop from memory the loaded kernel modules that
     no compiled function holds.  Tensors, variables and compiled functions made
-    before keep working.
-
-    Keras 2.2.5 exports ``clear_session`` from ``keras.backend`` only for its own
-    backends: with numbackend, call ``keras.backend.load_backend.clear_session()``
-    or ``numbackend.clear_session()``."""
+    before keep working.  With Keras, ``keras.backend.clear_session`` is this
+    function (see ``numbackend.keras_compat``)."""
     global _fixed_learning_phase
     reset_uids()
+    names.reset()
     _fixed_learning_phase = None
     gc.collect()  # a function dropped in a reference cycle (a Keras model's) holds no kernel after
     codegen.forget_kernels()
-
-
-@contextmanager
-def name_scope(name):
-    """A context manager for names; numbackend keeps no name hierarchy."""
-    yield name
 
 
 def manual_variable_initialization(value):

@@ -28,8 +28,17 @@ def ctc_batch_cost(y_true, y_pred, input_length, label_length):
     whole numbers is accepted, as Keras models often feed one), ``y_pred``
     (samples, time, classes) softmax output with the blank last,
     ``input_length`` and ``label_length`` (samples, 1) (or (samples,)).
-    Differentiable with respect to ``y_pred``.  A label that cannot be
-    aligned with its input (too long) has loss +inf and a zero gradient.
+    Differentiable with respect to ``y_pred``.
+
+    Labels are read as TensorFlow's CTC loss reads them: a class of
+    ``classes - 1`` (the blank) or more ends the label, and only the labels
+    before it are scored; a label of blanks only (Keras's image_ocr example
+    trains on such samples) gets TensorFlow 1's finite loss.  A label that
+    cannot be aligned (equal neighbours need a blank frame between them) has
+    loss +inf.  An empty label, a negative one, a real label after a blank,
+    or more label items than input frames raise a ValueError naming the
+    sample when the function runs.  ``jit_kernels.ctc.ctc_loss_and_grad``
+    has the details.
     """
     logits = _logits(y_pred, "ctc_batch_cost")
     return apply("ctc_loss", logits, as_tensor(y_true, where="ctc_batch_cost"),
@@ -45,9 +54,13 @@ def ctc_decode(y_pred, input_length, greedy=True, beam_width=100, top_paths=1,
     ``greedy=True``: best path (argmax per frame, merge repeats, drop blanks);
     its log-probability is minus the sum of each frame's largest
     ``log(y_pred + epsilon)``, as TensorFlow's greedy decoder gives it.
-    ``greedy=False``: prefix beam search of width ``beam_width`` returning the
-    ``top_paths`` most probable label sequences (``merge_repeated`` as Keras
-    2.2.5: merge runs of a label in the returned sequences).
+    ``greedy=False``: TensorFlow's prefix beam search of width ``beam_width``
+    (``tf.nn.ctc_beam_search_decoder``, step by step, so that it prunes as
+    TensorFlow does), returning the ``top_paths`` most probable label
+    sequences and their log-probabilities (``merge_repeated`` as Keras 2.2.5:
+    merge runs of a label in the returned sequences).  A sample whose beam
+    holds fewer than ``top_paths`` prefixes raises a ValueError when the
+    function runs, as in TensorFlow.
 
     The Keras 1 form: with ``greedy=False`` and a dictionary ``dict_values`` (a
     list of label lists; entry i of length ``dict_seq_lens[i]``, or its own

@@ -243,6 +243,37 @@ class Constant(Tensor):
         self.value = value
 
 
+class SparseTensor(Tensor):
+    """A 2-D sparse tensor, as TensorFlow's SparseTensor: three dense tensors,
+    ``indices`` (nonzeros, 2) int64, ``values`` (nonzeros,) and ``dense_shape``
+    (2,) int64; each index appears once.  ``shape`` is its static shape.
+
+    No op takes a sparse tensor as an input (ops.apply refuses one): the sparse
+    ops (sparse.py) read its three parts, and ``K.function`` feeds and returns
+    them."""
+
+    def __init__(self, indices, values, dense_shape, shape, name=None):
+        super().__init__("sparse_tensor", (indices, values, dense_shape), {}, shape, values.dtype,
+                         name)
+
+    @property
+    def indices(self):
+        return self.inputs[0]
+
+    @property
+    def values(self):
+        return self.inputs[1]
+
+    @property
+    def dense_shape(self):
+        return self.inputs[2]
+
+    @property
+    def is_placeholder(self):
+        """Whether it is an input of compiled functions (``K.placeholder(sparse=True)``)."""
+        return all(isinstance(part, Placeholder) for part in self.inputs)
+
+
 def is_tensor(x):
     return isinstance(x, Tensor)
 

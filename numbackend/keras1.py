@@ -131,13 +131,16 @@ def _flat(name):
 
 
 def variable(value, dtype=None, name=None):
-    """A variable holding ``value`` (a NumPy array); ``dtype`` defaults to floatx()."""
+    """A variable holding ``value`` (a NumPy array); ``dtype`` defaults to floatx().
+    Named as Keras 1's TensorFlow backend names it: ``'w'`` becomes ``'w:0'``
+    (inside a ``name_scope``, ``'<scope>/w:0'``; a repeated name ``'w_1:0'``)."""
     return _core.variable(value, dtype=dtype, name=name)
 
 
 def placeholder(shape=None, ndim=None, dtype=None, name=None):
     """An input placeholder of ``shape`` (None entries allowed) or of rank ``ndim``;
-    one of them is required and ``shape`` wins.  ``dtype`` defaults to floatx()."""
+    one of them is required and ``shape`` wins.  ``dtype`` defaults to floatx().
+    Named as ``variable`` is."""
     return _core.placeholder(shape=shape, ndim=ndim, dtype=dtype, name=name)
 
 

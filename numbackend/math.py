@@ -14,7 +14,7 @@ import operator
 
 import numpy as np
 
-from . import config, ops
+from . import config, ops, sparse
 from .graph import canonical_dtype, format_shape, is_tensor
 from .ops import apply, as_tensor
 
@@ -267,7 +267,13 @@ def cumprod(x, axis=0):
 
 def dot(x, y):
     """Matrix product of x and y; for N-D operands it contracts the last axis of x
-    with the second-to-last axis of y, as Theano does: (2, 3) . (4, 3, 5) -> (2, 4, 5)."""
+    with the second-to-last axis of y, as Theano does: (2, 3) . (4, 3, 5) -> (2, 4, 5).
+
+    A sparse x times a 2-D dense y is dense (``tf.sparse_tensor_dense_matmul``),
+    differentiable with respect to y and to x's values; a sparse y is refused,
+    as with TensorFlow."""
+    if sparse.is_sparse(x):
+        return sparse.matmul(x, y)
     x, y = as_tensor(x), as_tensor(y)
     if y.ndim <= 2:
         return apply("dot", x, y)
@@ -386,34 +392,71 @@ def in_top_k(predictions, targets, k):
 
 
 def concatenate(tensors, axis=-1):
-    """The tensors joined along ``axis``."""
-    return apply("concatenate", *tensors, axis=axis)
+    """The tensors joined along ``axis``.  As with TensorFlow's backend, sparse
+    tensors joined make a sparse tensor (``tf.sparse_concat``), sparse tensors
+    among dense ones are made dense first."""
+    tensors = list(tensors)
+    if tensors and builtins.all(sparse.is_sparse(t) for t in tensors):
+        return sparse.concatenate(tensors, axis)
+    return apply("concatenate", *[sparse.to_dense(t) for t in tensors], axis=axis)
 
 
 def reshape(x, shape):
-    """x with a new shape.
+    """x with a new shape, as TensorFlow's reshape.
 
-    ``shape`` is a tuple of ints (one of them may be -1: inferred), whose
-    entries may also be scalar tensors such as ``shape(x)[0]``, or a 1-D int tensor.
-    """
+    ``shape`` is a 1-D int tensor, or a list or tuple of ints and scalar int
+    tensors such as ``shape(x)[0]`` (packed into one tensor, as ``tf.stack``
+    would); one entry may be -1, inferred from the size of x.  The result's
+    static shape has the entries known when the graph is built (ints,
+    constants, dims of static shapes read through ``shape``); the others are
+    read at run time, where a target of another size than x raises."""
+    x = as_tensor(x)
     if is_tensor(shape):
         return apply("reshape_dynamic", x, shape)
-    shape = list(shape)
-    symbolic = [i for i, d in enumerate(shape) if is_tensor(d)]
-    if not symbolic:
-        return apply("reshape", x, shape=tuple(int(d) for d in shape))
-    for i in symbolic:
-        if shape[i].ndim != 0:
-            raise ValueError(f"reshape: shape entries must be ints or scalar tensors, entry {i} "
-                             f"has shape {format_shape(shape[i].shape)}")
-    fixed = [d for i, d in enumerate(shape) if i not in symbolic]
-    if len(symbolic) == 1 and builtins.all(int(d) > 0 for d in fixed):
-        # One unknown entry among positive ints is what -1 infers: a static reshape.
-        shape[symbolic[0]] = -1
-        return apply("reshape", x, shape=tuple(int(d) for d in shape))
-    known = tuple(None if is_tensor(d) or int(d) < 0 else int(d) for d in shape)
-    target = apply("stack", *[as_tensor(d, dtype="int32") for d in shape], axis=0)
-    return apply("reshape_dynamic", x, target, known=known)
+    entries = list(shape)
+    for i, d in enumerate(entries):
+        if is_tensor(d):
+            if d.ndim != 0:
+                raise ValueError(f"reshape: shape entries must be ints or scalar int tensors, "
+                                 f"entry {i} has shape {format_shape(d.shape)}")
+            if np.dtype(d.dtype).kind not in "iu":
+                raise TypeError(f"reshape: shape entries must be ints or scalar int tensors, "
+                                f"entry {i} has dtype {d.dtype}")
+        elif not isinstance(d, numbers.Integral):
+            raise TypeError(f"reshape: shape entries must be ints or scalar int tensors, "
+                            f"entry {i} is {d!r}")
+    values = [ops.static_int(d) if is_tensor(d) else int(d) for d in entries]
+    if builtins.sum(1 for v in values if v == -1) > 1 or builtins.any(
+            v is not None and v < -1 for v in values):
+        raise ValueError(f"reshape: bad target shape {_show_entries(entries)} for a tensor of shape "
+                         f"{format_shape(x.shape)} (at most one -1, no other negatives)")
+    unknown = [i for i, v in enumerate(values) if v is None]
+    if not unknown:
+        return apply("reshape", x, shape=tuple(values))
+    if len(unknown) == 1 and _rearranges_dims(x, entries[unknown[0]], values):
+        # the entries are x's own dims, its one unknown dim read at run time:
+        # what -1 infers, so a static reshape (which scan loops know)
+        values[unknown[0]] = -1
+        return apply("reshape", x, shape=tuple(values))
+    target = apply("stack", *[d if is_tensor(d) else as_tensor(d, dtype="int32") for d in entries],
+                   axis=0)
+    return apply("reshape_dynamic", x, target)
+
+
+def _rearranges_dims(x, entry, values):
+    """Whether a target shape whose only unknown entry is ``entry`` and whose
+    other entries are ``values`` has x's size whatever x's run-time shape: x has
+    one unknown dim, ``entry`` reads it, and the other entries multiply to the
+    product of x's known dims."""
+    read = ops.dim_read_at_run_time(entry)
+    unknown_dims = [a for a, d in enumerate(x.shape) if d is None]
+    return (read is not None and read[0] is x and unknown_dims == [read[1]] and -1 not in values
+            and _product(v for v in values if v is not None)
+            == _product(d for d in x.shape if d is not None))
+
+
+def _show_entries(entries):
+    return "(" + ", ".join("?" if is_tensor(d) else str(int(d)) for d in entries) + ")"
 
 
 def permute_dimensions(x, pattern):
@@ -424,7 +467,12 @@ def permute_dimensions(x, pattern):
 def repeat_elements(x, rep, axis):
     """Each element repeated ``rep`` times along ``axis``, like ``np.repeat``:
     (s1, s2, s3) with axis=1 gives (s1, s2 * rep, s3)."""
-    return apply("repeat_elements", x, repeats=int(rep), axis=axis)
+    result = apply("repeat_elements", x, repeats=int(rep), axis=axis)
+    if result.shape[result.attrs["axis"]] is None:
+        # as TensorFlow's backend, which sets it where the axis is unknown
+        # (Keras's own backend tests read it)
+        result._keras_shape = result.shape
+    return result
 
 
 def repeat(x, n):

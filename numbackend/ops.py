@@ -21,7 +21,7 @@ import numbers
 import numpy as np
 
 from . import config
-from .graph import Constant, Tensor, canonical_dtype, format_shape
+from .graph import Constant, SparseTensor, Tensor, canonical_dtype, format_shape
 
 OPS = {}
 
@@ -115,6 +115,11 @@ def apply(name, *args, **attrs):
         inputs = _elementwise_operands(name, args)
     else:
         inputs = [as_tensor(a, where=name) for a in args]
+    for t in inputs:
+        if isinstance(t, SparseTensor):
+            # as TensorFlow's ops, which take no SparseTensor
+            raise TypeError(f"{name}: {t.name!r} of shape {format_shape(t.shape)} is a sparse "
+                            "tensor; convert it with K.to_dense first")
     shape, dtype = op.infer(inputs, attrs)
     return Tensor(name, inputs, attrs, shape, dtype)
 
@@ -393,13 +398,18 @@ def _sum_dtype(dtype):
 
 
 def _keep(g, n):
-    """Reshape a reduction's gradient so that it broadcasts against the input."""
+    """A reduction's gradient (or result) ``g`` with the reduced axes put back as
+    axes of length 1, so that it broadcasts against the input."""
     if n.attrs["keepdims"]:
         return g
     shape = list(n.inputs[0].shape)
     for a in n.attrs["axis"]:
         shape[a] = 1
-    return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    if shape.count(None) <= 1:
+        # a static reshape, which the compiled whole call and scan loops know
+        return apply("reshape", g, shape=tuple(-1 if d is None else d for d in shape))
+    # several unknown dims: only the run-time shape tells them apart
+    return apply("expand_dims", g, axes=n.attrs["axis"])
 
 
 def _grad_sum(g, n):
@@ -555,6 +565,173 @@ def is_float_matrix_product(node):
             and a.dtype == b.dtype == node.dtype)
 
 
+# ---------------------------------------------------------------------------
+# Sparse tensors: ops on the three parts of a graph.SparseTensor (indices
+# (nonzeros, 2) int64, values (nonzeros,), dense_shape (2,) int64), each index
+# once; sparse.py builds them.  ``shape``/``sparse_shape``: the sparse
+# tensor's static shape, checked against its dense_shape at run time.
+
+
+def _sparse_kernels():
+    from jit_kernels import sparse
+    return sparse
+
+
+def _check_sparse_parts(where, indices, values, dense_shape):
+    if (indices.ndim != 2 or indices.shape[1] not in (None, 2) or values.ndim != 1
+            or dense_shape.shape != (2,)):
+        raise ValueError(f"{where}: expected sparse parts of shapes (nonzeros, 2), (nonzeros,) and "
+                         f"(2,), got {format_shape(indices.shape)}, {format_shape(values.shape)} "
+                         f"and {format_shape(dense_shape.shape)}")
+    if indices.dtype != "int64" or dense_shape.dtype != "int64":
+        raise TypeError(f"{where}: sparse indices and dense shape must be int64, got "
+                        f"{indices.dtype} and {dense_shape.dtype}")
+
+
+def _sparse_dims(where, indices, dense_shape, static, values=None):
+    """The rows, columns and (rows, columns) size of a sparse tensor's parts, checked
+    against each other and against its static shape."""
+    rows, cols, dims = _sparse_kernels().check_indices(where, indices, dense_shape)
+    if any(s is not None and s != d for s, d in zip(static, dims)):
+        raise ValueError(f"{where}: a sparse tensor of shape {format_shape(static)} has dense "
+                         f"shape {dims}")
+    if values is not None and values.shape != rows.shape:
+        raise ValueError(f"{where}: {rows.size} sparse indices but values of shape {values.shape}")
+    return rows, cols, dims
+
+
+def _sparse_to_dense_infer(inputs, attrs):
+    indices, values, dense_shape = inputs
+    _check_sparse_parts("to_dense", indices, values, dense_shape)
+    return tuple(attrs["shape"]), values.dtype
+
+
+def _sparse_to_dense(indices, values, dense_shape, shape):
+    rows, cols, dims = _sparse_dims("to_dense", indices, dense_shape, shape, values)
+    out = np.zeros(dims, dtype=values.dtype)
+    out[rows, cols] = values  # each index once
+    return out
+
+
+library("sparse_to_dense", _sparse_to_dense_infer, _sparse_to_dense,
+        grad=lambda g, n: [None, apply("sparse_gather", g, n.inputs[0], n.inputs[2]), None])
+
+
+def _sparse_gather_infer(inputs, attrs):
+    dense, indices, _ = inputs
+    if dense.ndim != 2:
+        raise ValueError(f"sparse_gather: expected a 2-D tensor, got shape "
+                         f"{format_shape(dense.shape)}")
+    return (indices.shape[0],), dense.dtype
+
+
+def _sparse_gather(dense, indices, dense_shape):
+    """dense[i, j] for each index (i, j) of a sparse tensor of dense's shape."""
+    rows, cols, _ = _sparse_dims("sparse_gather", indices, dense_shape, dense.shape)
+    return dense[rows, cols]
+
+
+library("sparse_gather", _sparse_gather_infer, _sparse_gather,
+        grad=lambda g, n: [apply("sparse_to_dense", n.inputs[1], g, n.inputs[2],
+                                 shape=n.inputs[0].shape), None, None])
+
+
+def _sparse_matmul_infer(inputs, attrs):
+    indices, values, dense_shape, dense = inputs
+    _check_sparse_parts("dot", indices, values, dense_shape)
+    outer, inner = attrs["sparse_shape"][::-1] if attrs["adjoint_a"] else attrs["sparse_shape"]
+    if dense.ndim != 2 or (inner is not None and dense.shape[0] not in (None, inner)):
+        raise ValueError(f"dot: cannot multiply a sparse tensor of shape "
+                         f"{format_shape(attrs['sparse_shape'])}{' transposed' * attrs['adjoint_a']} "
+                         f"by a dense one of shape {format_shape(dense.shape)}")
+    if values.dtype != dense.dtype or values.dtype not in ("float32", "float64"):
+        raise TypeError(f"dot: a sparse product needs float32 or float64 operands of one dtype, "
+                        f"got {values.dtype} and {dense.dtype}")
+    return (outer, dense.shape[1]), dense.dtype
+
+
+def _sparse_matmul(indices, values, dense_shape, dense, adjoint_a, sparse_shape):
+    _sparse_dims("dot", indices, dense_shape, sparse_shape, values)
+    return _sparse_kernels().sparse_dense_matmul(indices, values, dense_shape, dense, adjoint_a)
+
+
+def _sparse_matmul_grad(g, n, wanted):
+    indices, values, dense_shape, dense = n.inputs
+    adjoint, static = n.attrs["adjoint_a"], n.attrs["sparse_shape"]
+    g_values = g_dense = None
+    if wanted[1]:
+        g_values = apply("sparse_sampled_products", indices, dense_shape, g, dense,
+                         adjoint_a=adjoint, sparse_shape=static)
+    if wanted[3]:
+        g_dense = apply("sparse_dense_matmul", indices, values, dense_shape, g,
+                        adjoint_a=not adjoint, sparse_shape=static)
+    return [None, g_values, None, g_dense]
+
+
+# A @ dense (A' @ dense with adjoint_a) for the sparse A of the first three inputs
+library("sparse_dense_matmul", _sparse_matmul_infer, _sparse_matmul, grad=_sparse_matmul_grad,
+        grad_takes_wanted=True)
+
+
+def _sampled_products_infer(inputs, attrs):
+    indices, _, a, b = inputs
+    if a.ndim != 2 or b.ndim != 2 or a.dtype != b.dtype:
+        raise ValueError(f"sparse_sampled_products: expected two 2-D tensors of one dtype, got "
+                         f"{format_shape(a.shape)} {a.dtype} and {format_shape(b.shape)} {b.dtype}")
+    return (indices.shape[0],), a.dtype
+
+
+def _sampled_products(indices, dense_shape, a, b, adjoint_a, sparse_shape):
+    _sparse_dims("dot", indices, dense_shape, sparse_shape)
+    return _sparse_kernels().sampled_products(indices, dense_shape, a, b, adjoint_a)
+
+
+def _sampled_products_grad(g, n):
+    indices, dense_shape, a, b = n.inputs
+    adjoint, static = n.attrs["adjoint_a"], n.attrs["sparse_shape"]
+    return [None, None,
+            apply("sparse_dense_matmul", indices, g, dense_shape, b, adjoint_a=adjoint,
+                  sparse_shape=static),
+            apply("sparse_dense_matmul", indices, g, dense_shape, a, adjoint_a=not adjoint,
+                  sparse_shape=static)]
+
+
+# a[i] . b[j] for each index (i, j) of the sparse tensor (a[j] . b[i] with
+# adjoint_a): the gradient of sparse_dense_matmul's values
+library("sparse_sampled_products", _sampled_products_infer, _sampled_products,
+        grad=_sampled_products_grad)
+
+
+def _sparse_concat_dims(dense_shapes, axis):
+    """The (rows, columns) of each part and of their concatenation along ``axis``."""
+    dims = [(int(s[0]), int(s[1])) for s in dense_shapes]
+    if any(d[1 - axis] != dims[0][1 - axis] for d in dims):
+        raise ValueError(f"concatenate: sparse tensors of dense shapes {dims} differ outside "
+                         f"axis {axis}")
+    joint = list(dims[0])
+    joint[axis] = sum(d[axis] for d in dims)
+    return dims, np.array(joint, dtype=np.int64)
+
+
+def _sparse_concat_indices(*parts, axis):
+    """The indices of the concatenation of the sparse tensors with indices
+    ``parts[0::2]`` and dense shapes ``parts[1::2]``."""
+    dims, _ = _sparse_concat_dims(parts[1::2], axis)
+    moved, offset = [], 0
+    for indices, d in zip(parts[0::2], dims):
+        shifted = np.array(indices, dtype=np.int64)
+        shifted[:, axis] += offset
+        moved.append(shifted)
+        offset += d[axis]
+    return np.concatenate(moved, axis=0)
+
+
+library("sparse_concat_indices", lambda inputs, attrs: ((None, 2), "int64"),
+        _sparse_concat_indices)
+library("sparse_concat_shape", lambda inputs, attrs: ((2,), "int64"),
+        lambda *dense_shapes, axis: _sparse_concat_dims(dense_shapes, axis)[1])
+
+
 def _matmul_infer(inputs, attrs):
     x, y = inputs
     if x.ndim < 2 or y.ndim < 2:
@@ -628,6 +805,24 @@ library("reshape", _reshape_infer, lambda x, shape: x.reshape(shape),
 library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
         lambda x, like: x.reshape(like.shape),
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
+
+
+def _expand_dims_infer(inputs, attrs):
+    (x,) = inputs
+    axes = tuple(int(a) for a in attrs["axes"])
+    ndim = x.ndim + len(axes)
+    if sorted(set(axes)) != list(axes) or any(not 0 <= a < ndim for a in axes):
+        raise ValueError(f"expand_dims: axes {axes} must be increasing and within the "
+                         f"{ndim} axes of the result for a tensor of shape {format_shape(x.shape)}")
+    attrs["axes"] = axes
+    rest = iter(x.shape)
+    return tuple(1 if a in axes else next(rest) for a in range(ndim)), x.dtype
+
+
+# x with axes of length 1 inserted at ``axes`` (positions in the result, sorted):
+# a view whatever x's run-time shape
+library("expand_dims", _expand_dims_infer, lambda x, axes: np.expand_dims(x, axes),
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
 
 
 def sum_to_shape(g, shape):
@@ -975,23 +1170,84 @@ def _shape_infer(inputs, attrs):
 library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
 
 
+def dim_read_at_run_time(t):
+    """(x, axis) where the scalar tensor ``t`` is ``shape(x)[axis]``, else None."""
+    if t.op == "getitem" and t.inputs[0].op == "shape":
+        key = t.attrs["key"]
+        if len(key) == 1 and isinstance(key[0], int):
+            x = t.inputs[0].inputs[0]
+            return x, key[0] % x.ndim
+    return None
+
+
+def static_int(t):
+    """The value of the scalar int tensor ``t`` where the graph tells it (a
+    constant, or ``shape(x)[i]`` of a dim that x's static shape knows), else None."""
+    if t.op == "constant":
+        return int(t.value)
+    read = dim_read_at_run_time(t)
+    return None if read is None else read[0].shape[read[1]]
+
+
+def _static_target(shape):
+    """The entries of a 1-D int shape tensor known when the graph is built, None
+    for the others, as TensorFlow's reshape reads them: constants, static dims
+    read through ``shape(x)``, and stacks, slices and concatenations of those.
+    A -1 (inferred at run time) is None."""
+    if shape.op == "concatenate" and all(part.ndim == 1 for part in shape.inputs):
+        return [d for part in shape.inputs for d in _static_target(part)]
+    if shape.op == "constant":
+        known = [int(d) for d in shape.value]
+    elif shape.op == "shape":
+        known = list(shape.inputs[0].shape)
+    elif (shape.op == "getitem" and shape.inputs[0].op == "shape" and len(shape.attrs["key"]) == 1
+          and isinstance(shape.attrs["key"][0], slice)):
+        known = list(shape.inputs[0].inputs[0].shape[shape.attrs["key"][0]])
+    elif shape.op == "stack" and all(e.ndim == 0 for e in shape.inputs):
+        known = [static_int(e) for e in shape.inputs]
+    else:
+        known = [None] * shape.shape[0]
+    return [d if d is not None and d >= 0 else None for d in known]
+
+
 def _reshape_dynamic_infer(inputs, attrs):
-    """``known`` (optional): the target dims known when the graph is built, None elsewhere."""
+    """``known`` (optional): target dims known when the graph is built, None
+    elsewhere; those the target tensor itself tells are added (_static_target)."""
     x, shape = inputs
     if shape.ndim != 1 or shape.shape[0] is None:
-        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length")
-    known = tuple(attrs.get("known") or (None,) * shape.shape[0])
-    if len(known) != shape.shape[0]:
-        raise ValueError(f"reshape: {len(known)} known dims given for a target shape of "
+        raise ValueError("reshape: a symbolic target shape must be a 1-D tensor of known length, "
+                         f"got shape {format_shape(shape.shape)}")
+    if np.dtype(shape.dtype).kind not in "iu":
+        raise TypeError(f"reshape: a symbolic target shape must be of an int type, got {shape.dtype}")
+    given = tuple(attrs.get("known") or (None,) * shape.shape[0])
+    if len(given) != shape.shape[0]:
+        raise ValueError(f"reshape: {len(given)} known dims given for a target shape of "
                          f"length {shape.shape[0]}")
-    if shape.op == "stack":  # entries given as constants are known too
-        known = tuple(int(e.value) if k is None and e.op == "constant" and int(e.value) >= 0 else k
-                      for k, e in zip(known, shape.inputs))
+    known = tuple(g if g is not None else k for g, k in zip(given, _static_target(shape)))
+    if None not in known and None not in x.shape and math.prod(known) != math.prod(x.shape):
+        raise ValueError(f"reshape: cannot reshape {format_shape(x.shape)} into {known}")
+    attrs["known"] = known
     return known, x.dtype
 
 
-library("reshape_dynamic", _reshape_dynamic_infer,
-        lambda x, shape, known=None: x.reshape(tuple(int(d) for d in shape)),
+def _reshape_dynamic(x, shape, known):
+    """x reshaped to the run-time ``shape``, checked as TensorFlow does (NumPy
+    takes any negative entry for -1); ``known``: the static shape it must have."""
+    target = tuple(int(d) for d in shape)
+    rest = math.prod(d for d in target if d != -1)
+    inferred = target.count(-1)
+    if (inferred > 1 or any(d < -1 for d in target)
+            or (inferred == 0 and rest != x.size) or (inferred == 1 and (rest == 0 or x.size % rest))):
+        raise ValueError(f"reshape: cannot reshape a tensor of shape {format_shape(x.shape)} "
+                         f"into {target}")
+    out = x.reshape(target)
+    if any(k is not None and k != d for k, d in zip(known, out.shape)):
+        raise ValueError(f"reshape: the target shape {target} differs from the static shape "
+                         f"{format_shape(known)} of the result")
+    return out
+
+
+library("reshape_dynamic", _reshape_dynamic_infer, _reshape_dynamic,
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
 
 
@@ -1150,12 +1406,13 @@ def _ctc_loss_infer(inputs, attrs):
 
 def _ctc_loss(logits, labels, label_lengths, input_lengths):
     loss, _ = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
-                                               compute_grad=False)
+                                               compute_grad=False, where="ctc_batch_cost")
     return loss.reshape(-1, 1)
 
 
 def _ctc_loss_and_grad(logits, labels, label_lengths, input_lengths):
-    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
+    loss, grad = _ctc_kernels().ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
+                                                  where="ctc_batch_cost")
     return loss.reshape(-1, 1).astype(logits.dtype), grad.astype(logits.dtype, copy=False)
 
 
@@ -1192,7 +1449,8 @@ def _ctc_decode(logits, input_lengths, mode, top_paths, beam_width=None, merge_r
         paths = [path]
     elif mode == "beam":
         paths, log_prob = ctc.ctc_beam_search_decode(logits, input_lengths, beam_width, top_paths,
-                                                     merge_repeated=merge_repeated)
+                                                     merge_repeated=merge_repeated,
+                                                     where="ctc_decode")
     else:
         paths, log_prob = ctc.ctc_dictionary_decode(logits, input_lengths, dict_seq_lens,
                                                     dict_values, beam_width, top_paths)

@@ -98,13 +98,14 @@ def ref_pool(x, size, strides, padding, mode):
 
 
 def ref_bilinear(x, factors):
+    """TensorFlow 1's resize_bilinear: source positions and fractions in float32."""
     for axis in range(x.ndim - 2, 0, -1):
         n = x.shape[axis]
         m = n * factors[axis - 1]
-        pos = np.arange(m) * (n / m)
-        lo = np.floor(pos).astype(int)
+        pos = np.arange(m).astype(np.float32) * (np.float32(n) / np.float32(m))
+        lo = pos.astype(int)
         hi = np.minimum(lo + 1, n - 1)
-        f = (pos - lo).reshape((-1,) + (1,) * (x.ndim - axis - 1))
+        f = (pos - lo.astype(np.float32)).astype(x.dtype).reshape((-1,) + (1,) * (x.ndim - axis - 1))
         a, b = np.take(x, lo, axis=axis), np.take(x, hi, axis=axis)
         x = a + (b - a) * f
     return x
@@ -279,6 +280,77 @@ def test_resize_images(interpolation):
     else:
         want = ref_bilinear(x, (2, 3))
     both_formats(lambda x, f: K.resize_images(x, 2, 3, f, interpolation), lambda x: want, x)
+
+
+def tf1_resize_bilinear(x, out_h, out_w):
+    """TensorFlow 1's resize_bilinear (align_corners=False, no half-pixel centres)
+    on channels_last float32 images: source row i * (H / out_h) and column
+    j * (W / out_w) in float32, their integer parts and fractions, then
+    top = tl + (tr - tl) * dx, bottom = bl + (br - bl) * dx,
+    out = top + (bottom - top) * dy, all in float32."""
+    def samples(size_in, size_out):
+        position = np.arange(size_out).astype(np.float32) * (np.float32(size_in)
+                                                              / np.float32(size_out))
+        low = np.trunc(position).astype(int)
+        return low, np.minimum(low + 1, size_in - 1), position - low.astype(np.float32)
+    top, bottom, dy = samples(x.shape[1], out_h)
+    left, right, dx = samples(x.shape[2], out_w)
+    dx, dy = dx[None, None, :, None], dy[None, :, None, None]
+    rows_top, rows_bottom = x[:, top], x[:, bottom]
+    upper = rows_top[:, :, left] + (rows_top[:, :, right] - rows_top[:, :, left]) * dx
+    lower = rows_bottom[:, :, left] + (rows_bottom[:, :, right] - rows_bottom[:, :, left]) * dx
+    return upper + (lower - upper) * dy
+
+
+def tf1_resize_bilinear_grad(dy, in_h, in_w):
+    """TensorFlow 1's ResizeBilinearGrad: each output's gradient added to its four
+    source pixels with weights (1 - y)(1 - x), (1 - y) x, y (1 - x) and y x."""
+    n, out_h, out_w, c = dy.shape
+    dx = np.zeros((n, in_h, in_w, c))
+    for i in range(out_h):
+        src_y = np.float32(i) * (np.float32(in_h) / np.float32(out_h))
+        top, fy = int(src_y), float(src_y - np.float32(int(src_y)))
+        bottom = min(top + 1, in_h - 1)
+        for j in range(out_w):
+            src_x = np.float32(j) * (np.float32(in_w) / np.float32(out_w))
+            left, fx = int(src_x), float(src_x - np.float32(int(src_x)))
+            right = min(left + 1, in_w - 1)
+            dx[:, top, left] += dy[:, i, j] * (1 - fy) * (1 - fx)
+            dx[:, top, right] += dy[:, i, j] * (1 - fy) * fx
+            dx[:, bottom, left] += dy[:, i, j] * fy * (1 - fx)
+            dx[:, bottom, right] += dy[:, i, j] * fy * fx
+    return dx
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_resize_images_bilinear_as_tensorflow_with_unknown_dims(data_format):
+    """Unknown batch and spatial sizes, several sizes through one function;
+    float32 results are TensorFlow 1's to the bit, and the gradient is its
+    ResizeBilinearGrad's."""
+    last = data_format == "channels_last"
+    x = K.placeholder((None, None, None, 3) if last else (None, 3, None, None))
+    y = K.resize_images(x, 3, 2, data_format, interpolation="bilinear")
+    assert K.int_shape(y) == ((None, None, None, 3) if last else (None, 3, None, None))
+    weights = K.placeholder(K.int_shape(y))
+    (grad,) = K.gradients(K.sum(y * weights), [x])
+    f = K.function([x, weights], [y, grad])
+    rng = np.random.default_rng(11)
+    for shape in [(2, 4, 5, 3), (1, 7, 3, 3)]:
+        images = rng.standard_normal(shape).astype(np.float32)
+        dy = rng.standard_normal((shape[0], shape[1] * 3, shape[2] * 2, 3)).astype(np.float32)
+        to_format = (lambda a: a) if last else (lambda a: a.transpose(0, 3, 1, 2))
+        out, g = f([to_format(images), to_format(dy)])
+        assert out.dtype == np.float32
+        np.testing.assert_array_equal(out, to_format(tf1_resize_bilinear(images, *dy.shape[1:3])))
+        np.testing.assert_allclose(g, to_format(tf1_resize_bilinear_grad(dy, *shape[1:3])),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_resize_images_other_interpolation_raises_value_error():
+    """As Keras 2.2.5's TensorFlow backend (and UpSampling2D): a ValueError."""
+    with pytest.raises(ValueError, match="resize_images: interpolation should be one of "
+                                         "'nearest' or 'bilinear', got 'bicubic'"):
+        K.resize_images(K.placeholder((None, 4, 4, 3)), 2, 2, "channels_last", "bicubic")
 
 
 def test_resize_volumes():

@@ -89,6 +89,49 @@ def test_ctc_batch_cost_gradient_against_finite_differences():
     assert [s.label for s in loss_only.plan.steps if s.label.startswith("ctc")] == ["ctc_loss"]
 
 
+def test_ctc_batch_cost_on_blank_labels_as_tensorflow_1():
+    """Keras's image_ocr example trains on samples whose one-item label is the
+    blank class (float labels, as Keras feeds them).  TensorFlow 1 scores a
+    label of blanks only as P(empty labelling) * (1 + y_blank(T-1)) / y_blank(T-1)
+    (tensorflow/tensorflow#13457), with a gradient (with respect to its logits
+    log(y_pred + eps)) of softmax - onehot(blank), but y_blank / (1 + y_blank)
+    for the last frame's blank occupancy."""
+    rng = np.random.default_rng(5)
+    y = rng.dirichlet(np.ones(3), size=(3, 5))
+    labels = np.array([[2, 0], [0, 1], [2, 2]], dtype="float32")
+    label_length = np.array([[1], [2], [2]], dtype="float32")
+    input_length = np.array([[5], [4], [3]], dtype="float32")
+    py, pl = K.placeholder((None, None, 3), dtype="float64"), K.placeholder((None, 2))
+    pll, pil = K.placeholder((None, 1)), K.placeholder((None, 1))
+    loss = ctc.ctc_batch_cost(pl, py, pil, pll)
+    grad = K.gradients(K.sum(loss), [py])[0]
+    out, g = K.function([py, pl, pll, pil], [loss, grad])([y, labels, label_length,
+                                                           input_length])
+    for b, frames in [(0, 5), (2, 3)]:
+        p = probs(y[b, :frames])
+        y_blank_last = p[-1, 2]
+        expected = -np.log(labelings(y[b], frames)[()] * (1 + y_blank_last) / y_blank_last)
+        np.testing.assert_allclose(out[b, 0], expected, rtol=1e-10)
+        occupancy = np.ones(frames)
+        occupancy[-1] = y_blank_last / (1 + y_blank_last)
+        grad_logits = p.copy()
+        grad_logits[:, 2] -= occupancy
+        np.testing.assert_allclose(g[b, :frames], grad_logits / (y[b, :frames] + EPS),
+                                   rtol=1e-8)
+        assert not g[b, frames:].any()
+    np.testing.assert_allclose(out[1, 0], -np.log(labelings(y[1], 4)[(0, 1)]), rtol=1e-10)
+
+
+def test_ctc_batch_cost_raises_where_tensorflow_does():
+    y, labels, label_length, input_length = tiny_case()
+    py, pl, pll, pil = placeholders()
+    f = K.function([py, pl, pll, pil], [ctc.ctc_batch_cost(pl, py, pil, pll)])
+    with pytest.raises(ValueError, match="ctc_batch_cost: sample 1 has an empty label"):
+        f([y, labels, np.array([[2], [0], [1]]), input_length])
+    with pytest.raises(ValueError, match="ctc_batch_cost: sample 2 has more labels than input"):
+        f([y, labels, label_length, np.array([[5], [4], [0]])])
+
+
 def test_ctc_decode_greedy_hand_reading():
     blank = 3
     # frames' argmax: 0 0 blank 0 1 1 blank 2 | sample 2 uses 5 frames: 2 2 blank 2 1
@@ -127,6 +170,16 @@ def test_ctc_decode_beam_search_against_enumeration(merge_repeated):
             got = tuple(int(c) for c in paths[k][b] if c != -1)
             assert got == seq
             np.testing.assert_allclose(lp[b, k], np.log(p), rtol=1e-10)
+
+
+def test_ctc_decode_beam_search_with_too_few_prefixes_raises():
+    y = np.full((2, 3, 3), 1 / 3)
+    py, pil = K.placeholder((None, None, 3), dtype="float64"), K.placeholder((None,))
+    decoded, _ = ctc.ctc_decode(py, pil, greedy=False, beam_width=4, top_paths=2)
+    f = K.function([py, pil], decoded)
+    f([y, np.array([3, 1])])
+    with pytest.raises(ValueError, match="ctc_decode: sample 1 has 1 prefixes"):
+        f([y, np.array([3, 0])])
 
 
 def test_ctc_decode_dictionary_exact_and_beam():

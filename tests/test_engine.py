@@ -2,6 +2,7 @@
 the kernel cache across processes, call-boundary checks and update atomicity."""
 import gc
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -263,7 +264,7 @@ def test_wrong_number_of_inputs():
 def test_wrong_shape_names_the_placeholder():
     a = K.placeholder((None, 3), name="alpha")
     f = K.function([a], [a + 1.0])
-    with pytest.raises(ValueError, match=r"'alpha'.*\(None, 3\).*\(2, 4\)"):
+    with pytest.raises(ValueError, match=re.escape(repr(a.name)) + r".*\(None, 3\).*\(2, 4\)"):
         f([np.ones((2, 4))])
 
 
@@ -271,14 +272,14 @@ def test_wrong_rank_names_the_placeholder():
     a = K.placeholder((None, 3), name="alpha")
     f = K.function([a], [a + 1.0])
     for value in (np.ones(3), np.ones((2, 3, 1)), 1.0):
-        with pytest.raises(ValueError, match=r"'alpha'.*\(None, 3\)"):
+        with pytest.raises(ValueError, match=re.escape(repr(a.name)) + r".*\(None, 3\)"):
             f([value])
 
 
 def test_uncastable_dtype_names_the_placeholder():
     a = K.placeholder((3,), dtype="int32", name="idx")
     f = K.function([a], [a + 1])
-    with pytest.raises(TypeError, match="'idx'"):
+    with pytest.raises(TypeError, match=re.escape(repr(a.name))):
         f([np.ones(3) * 0.5])
     np.testing.assert_array_equal(f([np.arange(3, dtype=np.int64)])[0], [1, 2, 3])
     # integral floats are accepted: Keras feeds the learning phase as 1.0
@@ -288,7 +289,7 @@ def test_uncastable_dtype_names_the_placeholder():
 def test_missing_placeholder_is_reported_at_construction():
     a = K.placeholder((3,), name="a")
     b = K.placeholder((3,), name="bee")
-    with pytest.raises(ValueError, match="'bee'"):
+    with pytest.raises(ValueError, match=re.escape(repr(b.name))):
         K.function([a], [a + b])
 
 

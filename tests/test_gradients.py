@@ -22,6 +22,7 @@ import pytest
 from scipy.special import logsumexp as np_logsumexp
 
 import numbackend as K
+from tests.finite_differences import numeric_gradient as numeric_gradient_of
 
 RNG = np.random.default_rng(20240603)
 F64 = np.float64
@@ -723,3 +724,28 @@ def test_gradients_of_slices_leaving_a_gap_are_scattered():
     x = K.placeholder((None, 5), dtype="float64")
     fn = K.function([x], K.gradients(K.sum(x[:, 0:2] * 3.0) + K.sum(x[:, 3:5]), [x]))
     np.testing.assert_array_equal(fn([np.ones((2, 5))])[0], [[3, 3, 0, 1, 1]] * 2)
+
+
+@pytest.mark.parametrize("x_shape", [(None, None, 4), (None, None, None)], ids=["none_none_4", "none_x3"])
+def test_reduction_gradients_with_several_unknown_dims(x_shape):
+    """The gradient of a reduction without keepdims on a tensor with two unknown dims
+    or more (a sequence model's (batch, time, features) output) was reshaped to a
+    static shape with one -1 per unknown dim, which failed to build.  One compiled
+    function per shape, called at two run-time shapes, against finite differences of
+    ``sum(reduction(x) ** 2)``, each reduction's terms added up over a few axes."""
+    settings = [(0, False), (-1, False), (1, True)]
+    x = K.placeholder(x_shape, dtype="float64")
+    grads = []
+    for f, _ in _REDUCTIONS.values():
+        loss = functools.reduce(lambda a, b: a + b, [K.sum(K.square(f(x, axis=a, keepdims=kd)))
+                                                     for a, kd in settings])
+        grads += K.gradients(loss, [x])
+    fn = K.function([x], grads)
+    for shape in [(2, 3, 4), (3, 2, 4) if x_shape[-1] == 4 else (4, 2, 5)]:
+        xv = signed(shape, 0.5, 1.5)
+        for (name, (_, reduce_np)), got in zip(_REDUCTIONS.items(), fn([xv])):
+            def loss_np(v, reduce_np=reduce_np):
+                return sum(np.sum(reduce_np(v, axis=a, keepdims=kd) ** 2) for a, kd in settings)
+            expected = numeric_gradient_of(loss_np, xv)
+            np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7 * np.abs(expected).max(),
+                                       err_msg=f"{name}, input of shape {shape}")

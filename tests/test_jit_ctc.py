@@ -68,7 +68,8 @@ def dense_labels(label_list):
 
 
 # Tiny batch: 5 frames, 4 classes (labels 0..2, blank 3), labels with repeats,
-# lengths from empty to the longest the input allows.
+# lengths from empty to the longest the input allows.  The loss tests use the
+# samples with a label (TensorFlow's CTC loss rejects an empty one).
 TINY_CASES = [  # (label, input length)
     ((), 5),
     ((), 0),
@@ -91,21 +92,31 @@ def tiny_batch():
     return logits, labels, label_lengths, input_lengths
 
 
+LOSS_CASES = [case for case in TINY_CASES if case[0]]
+
+
+@pytest.fixture(scope="module")
+def loss_batch(tiny_batch):
+    """The tiny batch's samples that have a label."""
+    rows = [b for b, (label, _) in enumerate(TINY_CASES) if label]
+    return tuple(array[rows] for array in tiny_batch)
+
+
 # ---------------------------------------------------------------------------
 # Loss and gradient
 
 
-def test_loss_matches_sum_over_all_alignments(tiny_batch):
-    logits, labels, label_lengths, input_lengths = tiny_batch
+def test_loss_matches_sum_over_all_alignments(loss_batch):
+    logits, labels, label_lengths, input_lengths = loss_batch
     loss, grad = ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
     assert loss.dtype == np.float64 and grad.shape == logits.shape
-    for b, (label, n_frames) in enumerate(TINY_CASES):
+    for b, (label, n_frames) in enumerate(LOSS_CASES):
         expected = -labelling_log_probs(logits[b], n_frames).get(label, -np.inf)
         np.testing.assert_allclose(loss[b], expected, rtol=1e-12, atol=1e-12)
 
 
-def test_gradient_matches_finite_differences(tiny_batch):
-    logits, labels, label_lengths, input_lengths = tiny_batch
+def test_gradient_matches_finite_differences(loss_batch):
+    logits, labels, label_lengths, input_lengths = loss_batch
     _, grad = ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
     # Every logit of every sample moved by +-step, all in one batch.
     step = 1e-6
@@ -128,7 +139,7 @@ def test_gradient_matches_finite_differences(tiny_batch):
             numeric[b, t, c] = (plus - minus) / (2 * step)
     np.testing.assert_allclose(grad, numeric, atol=1e-7)
     # Frames past the input length get no gradient; each used frame's sums to 0.
-    for b, (_, n_frames) in enumerate(TINY_CASES):
+    for b, (_, n_frames) in enumerate(LOSS_CASES):
         assert not grad[b, n_frames:].any()
     np.testing.assert_allclose(grad.sum(axis=2), 0.0, atol=1e-12)
 
@@ -139,26 +150,94 @@ def test_gradient_matches_finite_differences(tiny_batch):
 def test_loss_matches_alignments_for_random_cases(n_classes, n_frames, seed, label):
     label = [c % max(n_classes - 1, 1) for c in label] if n_classes > 1 else []
     logits = np.random.default_rng(seed).normal(scale=3.0, size=(1, 4, n_classes))
+    if not label or len(label) > n_frames:  # as TensorFlow: no label, or more than frames
+        with pytest.raises(ValueError, match="sample 0"):
+            ctc_loss_and_grad(logits, [label + [0]], [len(label)], [n_frames])
+        return
     loss, _ = ctc_loss_and_grad(logits, [label + [0]], [len(label)], [n_frames])
     expected = -labelling_log_probs(logits[0], n_frames).get(tuple(label), -np.inf)
     np.testing.assert_allclose(loss[0], expected, rtol=1e-12, atol=1e-12)
 
 
-def test_impossible_alignment_gives_inf_and_zero_gradient():
+def test_unalignable_label_gives_inf_and_the_softmax_as_gradient():
+    """TensorFlow's calculator, "No valid path found": loss +inf, gradient
+    softmax(logits) on the used frames."""
     rng = np.random.default_rng(2)
-    logits = rng.normal(size=(4, 4, 3))
-    labels = np.array([[1, 1, 0], [0, 1, 0], [0, 0, 0], [0, 1, 0]])
-    # Needs 3 frames (a blank between the 1s); needs 3; needs 5 frames; fits in 3.
-    label_lengths = [2, 3, 3, 3]
-    input_lengths = [2, 2, 4, 3]
+    logits = rng.normal(size=(3, 4, 3))
+    labels = np.array([[1, 1, 0], [0, 0, 0], [0, 1, 0]])
+    # 2 items in 2 frames, but needs 3 (a blank between the 1s); 3 items in 4
+    # frames, needs 5; fits in 3.
+    label_lengths = [2, 3, 3]
+    input_lengths = [2, 4, 3]
     loss, grad = ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
-    assert np.isposinf(loss[:3]).all() and np.isfinite(loss[3])
-    assert not grad[:3].any() and not np.isnan(grad).any()
+    assert np.isposinf(loss[:2]).all() and np.isfinite(loss[2])
+    softmax = np.exp(log_softmax(logits))
+    np.testing.assert_allclose(grad[0, :2], softmax[0, :2], rtol=1e-12)
+    assert not grad[0, 2:].any()
+    np.testing.assert_allclose(grad[1], softmax[1], rtol=1e-12)
     # Logits of -inf for every label class: no alignment has any probability.
     dead = rng.normal(size=(1, 3, 3))
     dead[:, :, 0] = -np.inf
     loss, grad = ctc_loss_and_grad(dead, [[0]], [1], [3])
-    assert np.isposinf(loss[0]) and not grad.any()
+    assert np.isposinf(loss[0])
+    np.testing.assert_allclose(grad[0], np.exp(log_softmax(dead[0])), rtol=1e-12)
+
+
+def test_null_labels_end_the_label():
+    """TensorFlow reads a class of classes - 1 (the blank) or more as a null
+    label that ends the sequence: [1, blank] scores as [1], though it needs as
+    many frames as it has items."""
+    rng = np.random.default_rng(8)
+    logits = rng.normal(size=(3, 4, 3))
+    labels = [[1, 2, 2], [0, 1, 5], [1, 0, 0]]
+    loss, grad = ctc_loss_and_grad(logits, labels, [2, 3, 2], [4, 3, 4])
+    scored = [(1,), (0, 1), (1, 0)]
+    for b, frames in enumerate([4, 3, 4]):
+        expected = -labelling_log_probs(logits[b], frames)[scored[b]]
+        np.testing.assert_allclose(loss[b], expected, rtol=1e-12)
+    # The gradient is the scored label's.
+    dense, lengths = dense_labels(scored)
+    _, expected_grad = ctc_loss_and_grad(logits, dense, lengths, [4, 3, 4])
+    np.testing.assert_allclose(grad, expected_grad, rtol=1e-12)
+
+
+def tf1_all_null_label(logits, n_frames):
+    """TensorFlow 1's loss and gradient for a label of null items only, from
+    the empty labelling's probability by enumeration: its one-state lattice
+    takes 1 + y_blank for y_blank at the last frame (frames >= 2), and its
+    gradient's blank occupancy there is y_blank / (1 + y_blank), 1 elsewhere."""
+    log_probs = log_softmax(logits[:n_frames])
+    y_blank_last = np.exp(log_probs[-1, -1])
+    log_p = labelling_log_probs(logits, n_frames)[()]
+    occupancy = np.ones(n_frames)
+    if n_frames >= 2:
+        log_p += np.log(1 + y_blank_last) - np.log(y_blank_last)
+        occupancy[-1] = y_blank_last / (1 + y_blank_last)
+    grad = np.zeros_like(logits)
+    grad[:n_frames] = np.exp(log_probs)
+    grad[:n_frames, -1] -= occupancy
+    return -log_p, grad
+
+
+def test_all_null_label_as_tensorflow_1():
+    # tensorflow/tensorflow#13457: 3 classes, zero logits, 2 frames, label
+    # [blank]: TF 1 gives 0.81093 = -log(1/3 * 4/3).
+    loss, _ = ctc_loss_and_grad(np.zeros((1, 2, 3)), [[2]], [1], [2])
+    np.testing.assert_allclose(loss, [-np.log(4 / 9)], rtol=1e-12)
+    rng = np.random.default_rng(9)
+    logits = rng.normal(size=(4, 4, 3))
+    labels = [[2, 0, 0], [2, 2, 0], [3, 2, 9], [2, 1, 1]]
+    label_lengths = [1, 2, 3, 1]
+    input_lengths = [1, 2, 4, 3]
+    loss, grad = ctc_loss_and_grad(logits, labels, label_lengths, input_lengths)
+    for b, frames in enumerate(input_lengths):
+        expected_loss, expected_grad = tf1_all_null_label(logits[b], frames)
+        np.testing.assert_allclose(loss[b], expected_loss, rtol=1e-12)
+        np.testing.assert_allclose(grad[b], expected_grad, atol=1e-12)
+    loss32, _ = ctc_loss_and_grad(logits.astype(np.float32), labels, label_lengths,
+                                  input_lengths, compute_grad=False)
+    assert loss32.dtype == np.float32
+    np.testing.assert_allclose(loss32, loss, rtol=1e-6)
 
 
 def test_loss_with_minus_inf_logits_stays_finite_when_possible():
@@ -205,7 +284,7 @@ def test_longer_sequences_float32_and_float64():
     rng = np.random.default_rng(4)
     batch, n_frames, n_classes = 6, 40, 7
     logits = rng.normal(scale=3.0, size=(batch, n_frames, n_classes))
-    label_lengths = np.array([12, 0, 19, 5, 8, 1])
+    label_lengths = np.array([12, 4, 19, 5, 8, 1])
     labels = rng.integers(0, n_classes - 1, size=(batch, 19))
     labels[3, :5] = [2, 2, 2, 2, 2]  # repeats need blanks: 9 frames
     input_lengths = np.array([40, 17, 40, 9, 23, 1])
@@ -241,10 +320,20 @@ def test_keras_ctc_batch_cost_reference_values():
     np.testing.assert_allclose(loss, [3.34211, 5.42262], atol=1e-5)
 
 
+def test_loss_rejects_what_tensorflow_rejects():
+    logits = np.zeros((2, 4, 3))
+    for labels, label_lengths, input_lengths, message in [
+            ([[0, 0], [1, 0]], [1, 0], [4, 4], "sample 1 has an empty label"),
+            ([[0, 0], [2, 1]], [1, 2], [4, 4], "sample 1 has a label below 2 after a null"),
+            ([[0, 0], [-1, 0]], [1, 1], [4, 4], "sample 1 has a negative label"),
+            ([[0, 1], [1, 0]], [2, 2], [1, 4], "sample 0 has more labels than input frames")]:
+        with pytest.raises(ValueError, match=f"ctc_batch_cost: {message}"):
+            ctc_loss_and_grad(logits, labels, label_lengths, input_lengths,
+                              where="ctc_batch_cost")
+
+
 def test_loss_rejects_bad_arguments():
     logits = np.zeros((2, 4, 3))
-    with pytest.raises(ValueError, match="labels must lie"):
-        ctc_loss_and_grad(logits, [[2], [0]], [1, 1], [4, 4])  # 2 is the blank
     with pytest.raises(ValueError, match="input_lengths"):
         ctc_loss_and_grad(logits, [[0], [0]], [1, 1], [5, 4])
     with pytest.raises(ValueError, match="label_lengths"):
@@ -312,6 +401,8 @@ def test_greedy_decode_all_empty():
 
 def test_wide_beam_search_is_exact(tiny_batch):
     logits, _, _, input_lengths = tiny_batch
+    with_frames = input_lengths > 0  # no frames: one prefix, fewer than top_paths
+    logits, input_lengths = logits[with_frames], input_lengths[with_frames]
     top_paths = 4
     decoded, log_probs = ctc_beam_search_decode(logits, input_lengths, beam_width=1000,
                                                 top_paths=top_paths)
@@ -319,15 +410,119 @@ def test_wide_beam_search_is_exact(tiny_batch):
     for b, n_frames in enumerate(input_lengths):
         best = ranked(labelling_log_probs(logits[b], n_frames))
         for k in range(top_paths):
-            if k < len(best):
-                label, expected = best[k]
-                np.testing.assert_allclose(log_probs[b, k], expected, rtol=1e-10)
-            else:  # fewer labellings than top_paths (no frames: only the empty one)
-                label = ()
-                assert log_probs[b, k] == -np.inf
+            label, expected = best[k]
+            np.testing.assert_allclose(log_probs[b, k], expected, rtol=1e-10)
             row = decoded[k][b].tolist()
             assert row == list(label) + [-1] * (decoded[k].shape[1] - len(label))
     assert (log_probs[:, :-1] >= log_probs[:, 1:]).all()
+
+
+def test_beam_search_with_fewer_prefixes_than_top_paths_raises():
+    """As TensorFlow: "Less leaves in the beam search than requested"."""
+    logits = np.random.default_rng(10).normal(size=(2, 2, 3))
+    decoded, log_probs = ctc_beam_search_decode(logits, [2, 0], beam_width=5, top_paths=1)
+    assert decoded[0][1].tolist() == [-1] and log_probs[1, 0] == 0.0
+    with pytest.raises(ValueError, match=r"ctc_decode: sample 1 has 1 prefixes .* top_paths=2"):
+        ctc_beam_search_decode(logits, [2, 0], beam_width=5, top_paths=2, where="ctc_decode")
+    # One frame, two labels: the empty prefix and two one-label ones.
+    ctc_beam_search_decode(logits, [1, 1], beam_width=5, top_paths=3)
+    with pytest.raises(ValueError, match="sample 0 has 3 prefixes"):
+        ctc_beam_search_decode(logits, [1, 1], beam_width=5, top_paths=4)
+
+
+class TFBeamEntry:
+    """A prefix of TensorFlow's beam search (BeamEntry): (total, blank, label)
+    log-probabilities after the frame (new) and before it (old)."""
+
+    def __init__(self, parent, label):
+        self.parent, self.label, self.children = parent, label, {}
+        self.new = [-np.inf] * 3
+        self.old = [-np.inf] * 3
+
+    def labels(self):
+        return [] if self.parent is None else self.parent.labels() + [self.label]
+
+
+def tf_is_candidate(log_prob, leaves, beam_width):
+    """Nonzero, and the beam has room or its least probable entry is less probable."""
+    return log_prob > -np.inf and (len(leaves) < beam_width or
+                                   log_prob > min(e.new[0] for e in leaves))
+
+
+def tf_beam_search(logits, beam_width):
+    """TensorFlow's CTCBeamSearchDecoder::Step, line by line, on one sample's
+    (frames, classes) logits: the beam a plain list, its least probable entry
+    found by a scan.  Returns [(labels, log-probability)], best first."""
+    blank = logits.shape[1] - 1
+    root = TFBeamEntry(None, -1)
+    root.new = [0.0, 0.0, -np.inf]
+    leaves = [root]
+    for frame in log_softmax(logits):
+        branches = sorted(leaves, key=lambda entry: -entry.new[0])
+        for entry in branches:
+            entry.old = list(entry.new)
+        leaves = []
+        for entry in branches:
+            if entry.parent is not None:
+                parent = entry.parent
+                if parent.new[0] > -np.inf:
+                    previous = parent.old[1] if entry.label == parent.label else parent.old[0]
+                    entry.new[2] = np.logaddexp(entry.new[2], previous)
+                entry.new[2] += frame[entry.label]
+            entry.new[1] = entry.old[0] + frame[blank]
+            entry.new[0] = np.logaddexp(entry.new[1], entry.new[2])
+            leaves.append(entry)
+
+        for entry in branches:
+            if not tf_is_candidate(entry.old[0], leaves, beam_width):
+                continue
+            for label in range(blank):
+                child = entry.children.setdefault(label, TFBeamEntry(entry, label))
+                if child.new[0] > -np.inf:  # in the beam
+                    continue
+                previous = entry.old[1] if label == entry.label else entry.old[0]
+                child.new = [frame[label] + previous, -np.inf, frame[label] + previous]
+                if tf_is_candidate(child.new[0], leaves, beam_width):
+                    if len(leaves) == beam_width:
+                        bottom = min(leaves, key=lambda e: e.new[0])
+                        bottom.new = [-np.inf] * 3
+                        leaves.remove(bottom)
+                    leaves.append(child)
+                else:
+                    child.new = [-np.inf] * 3
+                    child.old = [-np.inf] * 3
+    return [(e.labels(), e.new[0]) for e in sorted(leaves, key=lambda e: -e.new[0])]
+
+
+def test_beam_search_follows_tensorflow_step_by_step():
+    for seed in range(300):
+        rng = np.random.default_rng(seed)
+        n_classes, n_frames = int(rng.integers(2, 5)), int(rng.integers(1, 7))
+        beam_width = int(rng.integers(1, 6))
+        logits = rng.normal(scale=2.0, size=(1, n_frames, n_classes))
+        expected = tf_beam_search(logits[0], beam_width)
+        top_paths = min(beam_width, len(expected))
+        decoded, log_probs = ctc_beam_search_decode(logits, [n_frames], beam_width, top_paths)
+        for k, (labels, log_prob) in enumerate(expected[:top_paths]):
+            assert [c for c in decoded[k][0].tolist() if c >= 0] == labels, seed
+            np.testing.assert_allclose(log_probs[0, k], log_prob, rtol=1e-12, atol=1e-12)
+
+
+def test_beam_search_drops_an_entry_offered_again_after_leaving_the_beam():
+    """A beam of 2 over 5 frames where TensorFlow's order matters: at the last
+    frame [1, 0] (a child of [1]) pushes [1, 1] out of the beam; [1] then
+    offers [1, 1] again as its extension by 1, too improbable to enter, which
+    zeroes [1, 1]'s probabilities, so [1, 1] is not extended to the likely
+    [1, 1, 0].  Keeping the 2 most probable prefixes would return [1, 1, 0]
+    second."""
+    probs = np.array([[0.176, 0.626, 0.198], [0.068, 0.801, 0.131], [0.0001, 0.663, 0.3369],
+                      [0.08, 0.321, 0.6], [0.973, 0.001, 0.026]])
+    expected = tf_beam_search(np.log(probs), 2)
+    assert [labels for labels, _ in expected] == [[1, 0], [1]]
+    decoded, log_probs = ctc_beam_search_decode(np.log(probs)[None], [5], 2, 2)
+    assert decoded[0].tolist() == [[1, 0]] and decoded[1].tolist() == [[1]]
+    np.testing.assert_allclose(log_probs[0], [log_prob for _, log_prob in expected],
+                               rtol=1e-12)
 
 
 def test_narrow_beam_keeps_fewer_alignments():

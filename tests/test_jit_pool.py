@@ -215,16 +215,19 @@ def test_upsample_nearest(x_shape, factors):
 
 def reference_bilinear(x, size):
     """tf.image.resize_bilinear(align_corners=False) before half-pixel centres,
-    pixel by pixel."""
+    pixel by pixel: source position o * (in / out) and its fraction in float32
+    as TensorFlow 1's kernel computes them, the values in x's dtype."""
     n, height, width, channels = x.shape
-    y = np.zeros((n, size[0], size[1], channels))
+    y = np.zeros((n, size[0], size[1], channels), x.dtype)
     for i in range(size[0]):
-        src_y = i * height / size[0]
-        top, y_lerp = int(np.floor(src_y)), src_y - np.floor(src_y)
+        src_y = np.float32(i) * (np.float32(height) / np.float32(size[0]))
+        top = int(src_y)
+        y_lerp = x.dtype.type(src_y - np.float32(top))
         bottom = min(top + 1, height - 1)
         for j in range(size[1]):
-            src_x = j * width / size[1]
-            left, x_lerp = int(np.floor(src_x)), src_x - np.floor(src_x)
+            src_x = np.float32(j) * (np.float32(width) / np.float32(size[1]))
+            left = int(src_x)
+            x_lerp = x.dtype.type(src_x - np.float32(left))
             right = min(left + 1, width - 1)
             upper = x[:, top, left] + (x[:, top, right] - x[:, top, left]) * x_lerp
             lower = x[:, bottom, left] + (x[:, bottom, right] - x[:, bottom, left]) * x_lerp
@@ -246,6 +249,18 @@ def test_resize_bilinear(x_shape, size):
     dx = resize.resize_bilinear_backward(dy, x_shape)
     assert dx.shape == x_shape
     np.testing.assert_allclose(inner(dx, x), inner(dy, expected), rtol=1e-11)
+
+
+@pytest.mark.parametrize('x_shape, size', [
+    ((2, 3, 4, 5), (6, 12)),    # Keras' factors 2 and 3
+    ((1, 7, 6, 2), (49, 30)),   # factors 7 and 5
+    ((2, 9, 5, 3), (4, 7)),     # down-sampling one axis, up-sampling the other
+])
+def test_resize_bilinear_float32_is_tensorflows_to_the_bit(x_shape, size):
+    x = random(x_shape, np.float32)
+    y = resize.resize_bilinear_forward(x, size)
+    assert y.dtype == np.float32
+    np.testing.assert_array_equal(y, reference_bilinear(x, size))
 
 
 def test_resize_float32():

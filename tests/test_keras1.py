@@ -324,10 +324,11 @@ def test_pack_stacks_along_a_new_first_axis():
 
 
 def test_variable_and_placeholder_positional_arguments():
-    v = K1.variable(np.ones((2, 2)), "float64", "w")
-    assert (v.dtype, v.name) == ("float64", "w")
-    p = K1.placeholder((None, 3), None, "int32", "inp")
-    assert (p.dtype, p.name, K1.int_shape(p)) == ("int32", "inp", (None, 3))
+    with numbackend.name_scope("test_positional_arguments") as scope:  # a scope of its own
+        v = K1.variable(np.ones((2, 2)), "float64", "w")
+        p = K1.placeholder((None, 3), None, "int32", "inp")
+    assert (v.dtype, v.name) == ("float64", scope + "w:0")
+    assert (p.dtype, p.name, K1.int_shape(p)) == ("int32", scope + "inp:0", (None, 3))
     assert K1.int_shape(K1.placeholder(ndim=2)) == (None, None)
 
 

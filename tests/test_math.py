@@ -549,12 +549,85 @@ def test_reshape_with_shape_tensor_entries():
     np.testing.assert_array_equal(outs[2], x.reshape(6, 4))
 
 
+def test_reshape_to_shapes_built_from_unknown_dims():
+    """Targets built from K.shape of a tensor with several unknown dims, as Keras's
+    TimeDistributed builds them; one compiled function at two run-time shapes.  The
+    static shape has what TensorFlow infers: dims of static shapes read through
+    K.shape are known."""
+    y = K.placeholder((None, None, 4))
+    x = K.placeholder((None, 8))
+    outs = {"same": (K.reshape(y, K.shape(y)), (None, None, 4), lambda v: v),
+            "merge": (K.reshape(y, (-1, K.shape(y)[2])), (None, 4), lambda v: v.reshape(-1, 4)),
+            "split": (K.reshape(K.reshape(y, (-1, 4)), (K.shape(y)[0], -1, 2, 2)),
+                      (None, None, 2, 2), lambda v: v.reshape(v.shape[0], -1, 2, 2)),
+            "unit": (K.reshape(y, (K.shape(y)[0], K.shape(y)[1], 4, 1)), (None, None, 4, 1),
+                     lambda v: v[..., None]),
+            "known_entry": (K.reshape(x, [K.shape(x)[0], K.shape(x)[1], 1]), (None, 8, 1),
+                            lambda v: v[..., None]),
+            "sliced": (K.reshape(y, K.concatenate([K.shape(y)[:2], K.constant([2, 2], "int32")])),
+                       (None, None, 2, 2), lambda v: v.reshape(v.shape[:2] + (2, 2)))}
+    for name, (out, static, _) in outs.items():
+        assert K.int_shape(out) == static, name
+    fn = K.function([y, x], [out for out, _, _ in outs.values()])
+    for batch, time in [(2, 3), (3, 5)]:
+        yv, xv = sample((batch, time, 4), "float32"), sample((batch, 8), "float32")
+        for (name, (_, _, reference)), got in zip(outs.items(), fn([yv, xv])):
+            np.testing.assert_array_equal(got, reference(xv if name == "known_entry" else yv),
+                                          err_msg=name)
+
+
+def test_reshape_checks_the_run_time_target():
+    """A target of another size than x raised nowhere: one tensor entry among ints was
+    taken for the -1 it would infer, and NumPy reads any negative entry as -1."""
+    x, y = K.placeholder((None, 8)), K.placeholder((None, None))
+    xv = sample((3, 8), "float32")
+    doubled = K.function([x], [K.reshape(x, (K.shape(x)[0] * 2, 4, 2))])
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape a tensor of shape \(3, 8\) "
+                                         r"into \(6, 4, 2\)"):
+        doubled([xv])
+    other_batch = K.function([x, y], [K.reshape(x, (K.shape(y)[0], 2, 4))])
+    np.testing.assert_array_equal(other_batch([xv, np.ones((3, 1), "float32")])[0],
+                                  xv.reshape(3, 2, 4))
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape a tensor of shape \(3, 8\) "
+                                         r"into \(2, 2, 4\)"):
+        other_batch([xv, np.ones((2, 1), "float32")])
+    negative = K.function([x], [K.reshape(x, K.stack([K.shape(x)[0] - 5, 8]))])
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape .* into \(-2, 8\)"):
+        negative([xv])
+
+
+def test_reshape_target_errors_at_build_time():
+    y = K.placeholder((None, None, 4))
+    with pytest.raises(ValueError, match=r"reshape: bad target shape \(-1, -1, \?\)"):
+        K.reshape(y, (-1, -1, K.shape(y)[0]))
+    with pytest.raises(ValueError, match=r"reshape: bad target shape \(\?, -3\)"):
+        K.reshape(y, (K.shape(y)[0], -3))
+    with pytest.raises(TypeError, match="reshape: shape entries must be ints or scalar int tensors"):
+        K.reshape(y, (K.shape(y)[0], 2.5))
+    with pytest.raises(TypeError, match="reshape: .* entry 0 has dtype float32"):
+        K.reshape(y, (K.cast(K.shape(y)[0], "float32"), -1))
+    with pytest.raises(ValueError, match=r"reshape: .* entry 1 has shape \(3,\)"):
+        K.reshape(y, (-1, K.shape(y)))
+    with pytest.raises(ValueError, match=r"reshape: cannot reshape \(2, 3\) into \(4, 2\)"):
+        K.reshape(K.placeholder((2, 3)), K.constant([4, 2], "int32"))
+
+
 def test_repeat_elements():
     x = sample((2, 3, 2), "float32")
     for axis in (0, 1, -1):
         np.testing.assert_array_equal(run(lambda t, a=axis: K.repeat_elements(t, 3, a), x),
                                       np.repeat(x, 3, axis=axis))
     assert K.int_shape(K.repeat_elements(K.placeholder((None, 3)), 2, 1)) == (None, 6)
+
+
+def test_repeat_elements_along_an_unknown_axis_carries_keras_shape():
+    """As TensorFlow's backend (and Keras's backend test of repeat_elements) has it:
+    the result of a repeat along an unknown axis carries ``_keras_shape``, the
+    static shape; along a known axis it does not."""
+    x = K.placeholder((2, None, 3))
+    y = K.repeat_elements(x, 3, axis=1)
+    assert y._keras_shape == (2, None, 3) == K.int_shape(y)
+    assert not hasattr(K.repeat_elements(x, 3, axis=2), "_keras_shape")
 
 
 def test_repeat():

@@ -137,8 +137,9 @@ def test_random_normal_variable():
     assert_moments(K.get_value(v), 1.0, 0.5)
     same = K.random_normal_variable(SHAPE, 1.0, 0.5, seed=13)
     np.testing.assert_array_equal(K.get_value(same), K.get_value(v))
-    other = K.random_normal_variable((3, 4), 0.0, 1.0, dtype="float64", name="w")
-    assert other.dtype == "float64" and other.name == "w"
+    with K.name_scope("test_random_normal_variable") as scope:  # a scope of its own
+        other = K.random_normal_variable((3, 4), 0.0, 1.0, dtype="float64", name="w")
+    assert other.dtype == "float64" and other.name == scope + "w:0"
 
 
 def test_random_uniform_variable():

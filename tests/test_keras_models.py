@@ -353,13 +353,6 @@ MODELS_SCRIPT = textwrap.dedent('''
 MODEL_NAMES = ["mnist_mlp", "mnist_cnn", "imdb_lstm", "stacked_gru", "imdb_bidirectional_lstm",
                "two_inputs_batchnorm", "image_ocr"]
 
-# the models, those that cannot be saved to HDF5 today marked
-HDF5_SAVES = [pytest.param(name, marks=pytest.mark.xfail(
-                  reason="Bidirectional's two LSTMs name their weights alike ('kernel'), so "
-                         "saving to HDF5 fails: weight names are not scoped yet", strict=True))
-              if name == "imdb_bidirectional_lstm" else name for name in MODEL_NAMES]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """The folder where both processes ran: reports, predictions and saved models."""
@@ -408,7 +401,7 @@ def expect_same_predictions(runs, name, how):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name", HDF5_SAVES)
+@pytest.mark.parametrize("name", MODEL_NAMES)
 def test_load_model_in_a_new_process_predicts_the_same(runs, name):
     stage_result(runs, name, "train", "save")
     expect_same_predictions(runs, name, "load_model")
@@ -420,7 +413,7 @@ def test_model_from_json_with_set_weights_predicts_the_same(runs, name):
     expect_same_predictions(runs, name, "model_from_json")
 
 
-@pytest.mark.parametrize("name", HDF5_SAVES)
+@pytest.mark.parametrize("name", MODEL_NAMES)
 def test_load_weights_predicts_the_same(runs, name):
     stage_result(runs, name, "train", "save_weights")
     expect_same_predictions(runs, name, "load_weights")
@@ -556,8 +549,6 @@ def test_image_ocr_ctc_loss_of_labelled_samples(runs):
     np.testing.assert_allclose(ctc["loss"][:, 0], losses, rtol=1e-5)
 
 
-@pytest.mark.xfail(reason="ctc_batch_cost raises for a label of the blank class, which "
-                          "TensorFlow 1 scores", strict=True)
 def test_image_ocr_ctc_loss_of_blank_samples_as_tensorflow_1(runs):
     """image_ocr labels some samples with the blank class alone. TensorFlow 1 scores
     such a label as P(empty labelling) * (1 + p_blank(last frame)) / p_blank(last frame)."""

@@ -122,6 +122,36 @@ def _no_extensions_needed():
     pass
 
 
+def package_stamp():
+    """A hash of every source file of this package (memoised)."""
+    global _package_stamp
+    if _package_stamp is None:
+        import hashlib
+        folder = _os.path.dirname(_os.path.abspath(__file__))
+        digest = hashlib.sha256()
+        for name in sorted(_os.listdir(folder)):
+            if name.endswith(".py"):
+                with open(_os.path.join(folder, name), "rb") as f:
+                    digest.update(name.encode() + b"\0" + f.read())
+        _package_stamp = digest.hexdigest()[:16]
+    return _package_stamp
+
+
+_package_stamp = None
+
+
+def stamp_with_package(cache):
+    """Make a Numba disk cache take its entries as fresh only where they were saved
+    with this package's sources as they are now.  Numba compares only the
+    stamp of the function's own file, but kernels inline jit functions of
+    other files of the package (conv.py packed.py's micro-kernels, pool.py and
+    resize.py conv.py's helpers): one compiled against an older copy of those
+    was loaded as it was, and corrupted the heap."""
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is not None and hasattr(cache_file, "_source_stamp"):
+        cache_file._source_stamp = (cache_file._source_stamp, package_stamp())
+
+
 def njit_cached(**options):
     """``numba.njit(cache=True, **options)``, loading from the cache as cheaply as it can.
 
@@ -137,6 +167,7 @@ def njit_cached(**options):
         # another Numba layout, or NUMBA_DISABLE_JIT's plain function: as it comes
         if type(getattr(dispatcher, "_cache", None)) is _FunctionCache:
             dispatcher._cache.__class__ = _LoadWithoutRegistries
+            stamp_with_package(dispatcher._cache)
             # Nor does a load need third-party Numba extensions, which Numba looks
             # up among all installed packages' entry points before a first call
             # (about 25 ms); the registry refresh of a compile still loads them.

@@ -20,7 +20,14 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import _LoadWithoutRegistries, blas, fork_gate, has_source_file, njit_cached
+from . import (
+    _LoadWithoutRegistries,
+    blas,
+    fork_gate,
+    has_source_file,
+    njit_cached,
+    stamp_with_package,
+)
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
 
@@ -78,6 +85,7 @@ def compiled_part(function):
             callback.enable_caching()
         if type(callback._cache) is FunctionCache:
             callback._cache.__class__ = _LoadWithoutRegistries
+            stamp_with_package(callback._cache)
         callback.compile()
         return callback.address, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(callback.address)
     return compile_once

@@ -372,3 +372,51 @@ def test_an_unreadable_numba_cache_entry_is_compiled_again(tmp_path, garble):
         assert out.returncode == 0, out.stderr
         assert out.stdout.split()[0] == "True"
         assert ("unreadable cache entry" in out.stderr) == expect_warning, out.stderr
+
+
+LOAD_A_CACHED_KERNEL = textwrap.dedent("""
+    import sys
+    import jit_kernels
+    if sys.argv[2] != "as is":
+        jit_kernels._package_stamp = sys.argv[2]  # as if another file of the package changed
+    sys.path.insert(0, sys.argv[1])
+    import cached_kernel
+    cached_kernel.twice(1.5)
+    stats = cached_kernel.twice.stats
+    print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+""")
+
+
+def test_a_jit_kernel_is_compiled_again_when_another_file_of_the_package_changes(tmp_path):
+    # Numba checks only a function's own file, but kernels inline functions of
+    # other files (conv.py packed.py's micro-kernels): stale machine code of an
+    # unchanged file once corrupted the heap after another file changed
+    source = tmp_path / "cached_kernel.py"
+    source.write_text("from jit_kernels import njit_cached\n\n\n"
+                      "@njit_cached()\ndef twice(x):\n    return 2 * x\n")
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+
+    def hits_and_misses(stamp):
+        out = subprocess.run([sys.executable, "-c", LOAD_A_CACHED_KERNEL, str(tmp_path), stamp],
+                             env=env, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    assert hits_and_misses("as is") == ["0", "1"]  # compiled and saved
+    assert hits_and_misses("as is") == ["1", "0"]  # loaded
+    assert hits_and_misses("another") == ["0", "1"]  # the package changed: compiled again
+    assert hits_and_misses("another") == ["1", "0"]
+
+
+def test_the_package_stamp_covers_every_source_file_of_jit_kernels():
+    import hashlib
+
+    import jit_kernels
+    folder = os.path.dirname(jit_kernels.__file__)
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            digest.update(name.encode() + b"\0" + pathlib.Path(folder, name).read_bytes())
+    assert jit_kernels.package_stamp() == digest.hexdigest()[:16]
+    from jit_kernels import conv
+    assert conv.direct_forward._cache._cache_file._source_stamp[1] == jit_kernels.package_stamp()

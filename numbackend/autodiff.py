@@ -60,7 +60,8 @@ def gradients(loss, variables):
             continue
         op = OPS[node.op]
         if op.grad is None:
-            continue  # not differentiable: contributes nothing
+            _refuse_missing_gradient(node, relevant)
+            continue  # only non-float inputs lead to the variables: nothing to add
         if op.grad_takes_wanted:
             input_grads = op.grad(g, node, wanted=[i.id in relevant for i in node.inputs])
         else:
@@ -78,6 +79,18 @@ def gradients(loss, variables):
             uses.setdefault(inp.id, []).append(_fit(gi, inp))
     result = [gradient_of(v) for v in variables]
     return result[0] if single else result
+
+
+def _refuse_missing_gradient(node, relevant):
+    """Raise where a gradient would have to go through an op that has no rule (as
+    TensorFlow's LookupError), rather than treat it as zero: a second derivative
+    through a gradient's helper op, or through ctc_batch_cost's fused gradient."""
+    # the data is input 0; the gradient helpers' later inputs only give shapes
+    inp = node.inputs[0]
+    if inp.id in relevant and is_float(inp):
+        raise LookupError(f"gradients: no gradient is defined for op {node.op!r} (tensor "
+                          f"{node.name!r} of shape {node.shape}), which the gradient must go "
+                          f"through to reach {inp.name!r}")
 
 
 def _add_up(parts, x):

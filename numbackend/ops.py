@@ -457,6 +457,13 @@ reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
 # Library ops: one plan step each, NumPy/BLAS or jit_kernels
 
 
+def not_differentiable(g, n):
+    """The gradient rule of an op that gradients go through as through a constant
+    (TensorFlow's NotDifferentiable: decoders, assignments).  An op with no rule at
+    all makes ``gradients`` raise instead, rather than give a silent zero."""
+    return [None] * len(n.inputs)
+
+
 def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None,
             epilogue=False, pools=False, grad_takes_wanted=False):
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
@@ -845,7 +852,8 @@ def _axes_size_infer(inputs, attrs):
 
 
 library("axes_size", _axes_size_infer,
-        lambda x, axis, dtype: np.asarray(math.prod(x.shape[a] for a in axis), dtype=dtype))
+        lambda x, axis, dtype: np.asarray(math.prod(x.shape[a] for a in axis), dtype=dtype),
+        grad=not_differentiable)
 
 
 def _concat_infer(inputs, attrs):
@@ -1051,8 +1059,10 @@ def _arg_infer(name):
     return infer
 
 
-library("argmax", _arg_infer("argmax"), lambda x, axis: np.argmax(x, axis=axis))
-library("argmin", _arg_infer("argmin"), lambda x, axis: np.argmin(x, axis=axis))
+library("argmax", _arg_infer("argmax"), lambda x, axis: np.argmax(x, axis=axis),
+        grad=not_differentiable)
+library("argmin", _arg_infer("argmin"), lambda x, axis: np.argmin(x, axis=axis),
+        grad=not_differentiable)
 
 
 def _cum_infer(name):
@@ -1070,7 +1080,17 @@ def _cumsum_grad(g, n):
 
 
 library("cumsum", _cum_infer("cumsum"), lambda x, axis: np.cumsum(x, axis=axis), grad=_cumsum_grad)
-library("cumprod", _cum_infer("cumprod"), lambda x, axis: np.cumprod(x, axis=axis))
+
+
+def _cumprod_grad(g, n):
+    # TensorFlow's rule: the reversed cumulative sum of g * y, divided by x (so
+    # not finite where x has a zero, as in TensorFlow)
+    (x,) = n.inputs
+    return [apply("divide", _cumsum_grad(apply("multiply", g, n), n)[0], x)]
+
+
+library("cumprod", _cum_infer("cumprod"), lambda x, axis: np.cumprod(x, axis=axis),
+        grad=_cumprod_grad)
 
 
 def _reverse_infer(inputs, attrs):
@@ -1167,7 +1187,8 @@ def _shape_infer(inputs, attrs):
     return (inputs[0].ndim,), "int32"
 
 
-library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32))
+library("shape", _shape_infer, lambda x: np.asarray(x.shape, dtype=np.int32),
+        grad=not_differentiable)
 
 
 def dim_read_at_run_time(t):
@@ -1265,7 +1286,8 @@ def _arange_infer(inputs, attrs):
 
 
 library("arange", _arange_infer,
-        lambda start, stop, step, dtype: np.arange(start, stop, step).astype(dtype))
+        lambda start, stop, step, dtype: np.arange(start, stop, step).astype(dtype),
+        grad=not_differentiable)
 
 
 def _random_infer(inputs, attrs):
@@ -1294,7 +1316,8 @@ def _random(kind):
 
 
 for _kind in ("normal", "truncated_normal", "uniform", "binomial"):
-    library("random_" + _kind, _random_infer, _random(_kind), stateful=True)
+    library("random_" + _kind, _random_infer, _random(_kind), stateful=True,
+            grad=not_differentiable)
 
 
 def _print_impl(x, message):
@@ -1321,7 +1344,7 @@ def _update_outside_a_function(variable, new_value):
 # (compiler.lift_updates), so this runs only where none did.  Not differentiable,
 # as TensorFlow's assign ops are not.
 library("update", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
-        _update_outside_a_function)
+        _update_outside_a_function, grad=not_differentiable)
 
 def _in_top_k_infer(inputs, attrs):
     pred, targets = inputs
@@ -1352,7 +1375,7 @@ def _in_top_k(pred, targets, k):
     return (higher < k) & np.isfinite(pred).all(axis=1)
 
 
-library("in_top_k", _in_top_k_infer, _in_top_k)
+library("in_top_k", _in_top_k_infer, _in_top_k, grad=not_differentiable)
 
 
 def _random_shaped_infer(inputs, attrs):
@@ -1468,12 +1491,12 @@ def _ctc_decoded_path(packed, index):
     return labels[:, :used].astype(np.int64)
 
 
-library("ctc_decode", _ctc_decode_infer, _ctc_decode)
+library("ctc_decode", _ctc_decode_infer, _ctc_decode, grad=not_differentiable)
 library("ctc_decoded_path", lambda inputs, attrs: ((inputs[0].shape[0], None), "int64"),
-        _ctc_decoded_path)
+        _ctc_decoded_path, grad=not_differentiable)
 library("ctc_decoded_log_prob",
         lambda inputs, attrs: (inputs[0].shape[:2], attrs["dtype"]),
-        lambda packed, dtype: packed[:, :, 0].astype(dtype))
+        lambda packed, dtype: packed[:, :, 0].astype(dtype), grad=not_differentiable)
 
 
 def _ctc_sparse_infer(inputs, attrs):

@@ -749,3 +749,27 @@ def test_reduction_gradients_with_several_unknown_dims(x_shape):
             expected = numeric_gradient_of(loss_np, xv)
             np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7 * np.abs(expected).max(),
                                        err_msg=f"{name}, input of shape {shape}")
+
+
+def test_cumprod_gradient_is_tensorflows():
+    # d/dx_j sum_i w_i prod_{k<=i} x_k = sum_{i>=j} w_i y_i / x_j  (x without zeros)
+    rng = np.random.default_rng(3)
+    x_val = rng.uniform(0.5, 1.5, (3, 4)).astype("float64")
+    w = rng.standard_normal((3, 4))
+    x = K.variable(x_val, dtype="float64")
+    for axis in (0, 1):
+        y = np.cumprod(x_val, axis=axis)
+        want = np.flip(np.cumsum(np.flip(w * y, axis), axis), axis) / x_val
+        got = K.eval(K.gradients(K.sum(K.cumprod(x, axis=axis) * w), [x])[0])
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+def test_a_second_derivative_through_an_op_without_a_rule_raises():
+    # the gradient of concatenate slices its input gradient; that slice has no rule
+    # of its own, so a second derivative through it must raise, not be zero
+    x = K.variable(np.array([1.0, 2.0, 3.0]))
+    first = K.gradients(K.sum(K.concatenate([x * x, x]) ** 2), [x])[0]
+    with pytest.raises(LookupError, match="no gradient is defined for op"):
+        K.gradients(K.sum(first), [x])
+    # argmax, shape and random ops are not differentiable, as in TensorFlow: no error
+    assert K.gradients(K.sum(K.cast(K.argmax(x), "float32")), [x]) == [None]

@@ -132,7 +132,8 @@ PATCH_PRELUDE = {
 }
 
 # Added to the copied tests' conftest.py: Keras's NumPy reference backend uses NumPy aliases removed
-# in NumPy 1.24 (np.bool, np.int); give that module, and only it, a NumPy that still has them.
+# in NumPy 1.24 (np.bool, np.int); give that module, and only it, a NumPy that still has them, and
+# the stable sort its in_top_k relied on.
 CONFTEST_ADDITION = '''
 
 import types as _types
@@ -152,6 +153,17 @@ class _NumpyWithOldAliases(_types.ModuleType):
 
 
 _numpy_backend.np = _NumpyWithOldAliases("numpy")
+
+
+def _in_top_k(predictions, targets, k):
+    # Keras's reference sorts with np.argsort's default kind, stable in NumPy 1 (so a
+    # target tied with the k-th value is in the top k, TensorFlow's rule) but not in
+    # NumPy 2 on x86, whose SIMD sort orders ties at random
+    top_k = _np.argsort(-predictions, kind="stable")[:, :k]
+    return _np.any(targets.reshape(-1, 1) == top_k, axis=-1)
+
+
+_numpy_backend.in_top_k = _in_top_k
 '''
 
 

@@ -1,6 +1,26 @@
 import os
 import tempfile
 
+import pytest
+
 # One kernel cache for the whole session, unless the caller chose one (CI passes a cold one).
 os.environ.setdefault("NUMBACKEND_CACHE_DIR", os.path.join(tempfile.gettempdir(), "numbackend-tests"))
 os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="numbackend-keras-home-"))
+
+
+@pytest.fixture
+def plan_runs(monkeypatch):
+    """Functions compile their plan as one call from their second small call on;
+    returns a function counting how often a Function's plan ran from Python."""
+    from numbackend import compiler  # after the cache folder above is chosen
+    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
+
+    def count(fn):
+        runs, run = [0], fn.plan.run
+
+        def counted(*arrays):
+            runs[0] += 1
+            return run(*arrays)
+        fn.plan.run = counted
+        return runs
+    return count

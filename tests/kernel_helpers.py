@@ -1,8 +1,11 @@
-"""Helpers shared by the jit_kernels tests."""
+"""Helpers shared by the jit_kernels tests, and the mark of tests that need OpenBLAS."""
 import numpy as np
 import pytest
 
-from jit_kernels import conv
+from jit_kernels import blas, conv
+
+needs_blas = pytest.mark.skipif(not blas.AVAILABLE,
+                                reason="NumPy's BLAS is not OpenBLAS ILP64: plans run from Python")
 
 
 @pytest.fixture(autouse=True)

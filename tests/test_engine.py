@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import numbackend
-from jit_kernels import blas
 from numbackend import codegen, compiler, ops
 from numbackend import core as K
+from tests.kernel_helpers import needs_blas
 
 
 def relu_sum_fn():
@@ -553,27 +553,6 @@ def test_kernels_take_strided_inputs():
 
 
 # --- the whole plan as one compiled call ----------------------------------------
-
-needs_blas = pytest.mark.skipif(not blas.AVAILABLE,
-                                reason="NumPy's BLAS is not OpenBLAS ILP64: plans run from Python")
-
-
-@pytest.fixture
-def plan_runs(monkeypatch):
-    """Functions compile their plan as one call from their second small call on;
-    returns a function counting how often a Function's plan ran from Python."""
-    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
-
-    def count(fn):
-        runs, run = [0], fn.plan.run
-
-        def counted(*arrays):
-            runs[0] += 1
-            return run(*arrays)
-        fn.plan.run = counted
-        return runs
-    return count
-
 
 @needs_blas
 def test_a_small_mlp_called_often_runs_as_one_call(plan_runs):

@@ -12,28 +12,7 @@ import numpy as np
 import pytest
 
 import numbackend as K
-from jit_kernels import blas
-from numbackend import compiler
-
-needs_blas = pytest.mark.skipif(not blas.AVAILABLE,
-                                reason="NumPy's BLAS is not OpenBLAS ILP64: plans run from Python")
-
-
-@pytest.fixture
-def plan_runs(monkeypatch):
-    """Functions compile their plan as one call from their second small call on;
-    returns a function counting how often a Function's plan ran from Python."""
-    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
-
-    def count(fn):
-        runs, run = [0], fn.plan.run
-
-        def counted(*arrays):
-            runs[0] += 1
-            return run(*arrays)
-        fn.plan.run = counted
-        return runs
-    return count
+from tests.kernel_helpers import needs_blas
 
 
 def test_identity_inside_an_elementwise_chain_fuses():

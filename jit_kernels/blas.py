@@ -20,7 +20,8 @@ import llvmlite.binding as llvm
 import numpy as np
 from numba import types
 
-from . import fork_gate, njit_cached
+from .compiling import njit_cached
+from .fork import fork_gate
 
 # The CBLAS names of NumPy's OpenBLAS builds with 64-bit integers (ILP64):
 # NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.

@@ -36,7 +36,9 @@ from collections import namedtuple
 import numpy as np
 from numba import prange
 
-from . import blas, njit_cached, njit_cached_twins, packed, parallel_ok, parts
+from . import blas, packed, parts
+from .compiling import njit_cached, njit_cached_twins
+from .fork import parallel_ok
 from .reduce import maximum
 
 _JIT = {'error_model': 'numpy', 'nogil': True}

@@ -33,7 +33,8 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import njit_cached, njit_cached_twins, parallel_ok
+from .compiling import njit_cached, njit_cached_twins
+from .fork import parallel_ok
 
 _NEG_INF = -np.inf
 

@@ -29,7 +29,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import blas, njit_cached, parts
+from . import blas, parts
+from .compiling import njit_cached
 
 
 def _vector_bytes():

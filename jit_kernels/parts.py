@@ -20,14 +20,9 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import (
-    _LoadWithoutRegistries,
-    blas,
-    fork_gate,
-    has_source_file,
-    njit_cached,
-    stamp_with_package,
-)
+from . import blas
+from .compiling import _LoadWithoutRegistries, has_source_file, njit_cached, stamp_with_package
+from .fork import fork_gate
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
 

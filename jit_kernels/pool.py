@@ -18,7 +18,7 @@ window of NaNs alone sends its gradient to its first position).
 import numpy as np
 from numba import prange
 
-from . import njit_cached, njit_cached_twins
+from .compiling import njit_cached, njit_cached_twins
 from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch_by_images, _out_shape, geometry
 from .reduce import maximum
 

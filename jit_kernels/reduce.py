@@ -13,7 +13,7 @@ from llvmlite import ir
 from numba.core import types
 from numba.extending import intrinsic
 
-from . import njit_cached
+from .compiling import njit_cached
 
 _exact = njit_cached(error_model="numpy", nogil=True)
 _reordered = njit_cached(error_model="numpy", nogil=True,

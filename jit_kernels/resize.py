@@ -17,7 +17,7 @@
 import numpy as np
 from numba import prange
 
-from . import njit_cached_twins
+from .compiling import njit_cached_twins
 from .conv import _JIT, _float_arrays, _int_tuple, _launch
 
 

@@ -18,7 +18,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from . import njit_cached_twins, parallel_ok
+from .compiling import njit_cached_twins
+from .fork import parallel_ok
 from .conv import _JIT, PARALLEL_MIN_WORK, _launch
 
 

@@ -157,29 +157,21 @@ def _warn_once(folder, message):
         warnings.warn(message, stacklevel=3)
 
 
-# The jit_kernels sources that generated kernels and scan loops compile in
-STAMPED_SOURCES = ("__init__.py", "vmath.py", "reduce.py", "blas.py", "packed.py", "parts.py", "conv.py")
-
-
 def _dependency_stamp():
-    """A hash of the jit_kernels sources that generated kernels depend on.
+    """A hash of the jit_kernels sources (all of them) and of the tuning
+    entries compiled into kernels: jit_kernels.package_stamp.
 
     Numba's cache checks only a function's own file: a kernel compiled against
     an older vmath.py or reduce.py, a scan loop against an older blas.py or
     packed.py (whose micro-kernels it inlines), a whole call against an older
     parts.py or conv.py (whose loops it calls), or any with other LLVM
-    options (set in jit_kernels/__init__.py), would be loaded as it was.  Keying
-    the cache folder by these sources makes a change to them recompile every
-    kernel."""
+    options (set in jit_kernels/compiling.py), would be loaded as it was.
+    Keying the cache folder by the package makes a change to it recompile
+    every kernel."""
     global _stamp
     if _stamp is None:
-        spec = importlib.util.find_spec("jit_kernels")
-        folder = next(iter(spec.submodule_search_locations))
-        digest = hashlib.sha256()
-        for name in STAMPED_SOURCES:
-            with open(os.path.join(folder, name), "rb") as f:
-                digest.update(f.read())
-        _stamp = digest.hexdigest()[:12]
+        from jit_kernels.compiling import package_stamp
+        _stamp = package_stamp()[:12]
     return _stamp
 
 

@@ -433,27 +433,21 @@ def test_debug_levels_print_the_plan_and_sources(monkeypatch, capsys):
 def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
     # Numba's cache checks only a kernel's own file; a kernel compiled against an
     # older vmath.py or reduce.py must not be loaded (it returned garbage once),
-    # nor one compiled with other LLVM options (set in jit_kernels/__init__.py),
+    # nor one compiled with other LLVM options (set in jit_kernels/compiling.py),
     # nor a scan loop linked against an older blas.py or packed.py, nor a whole
-    # call against an older conv.py or parts.py: every module that generated
-    # code imports from jit_kernels is in the key
+    # call against an older conv.py or parts.py: every source file of
+    # jit_kernels, and the tuning entries compiled into kernels, are in the key
     import hashlib
-    import re
 
     import jit_kernels
-    from numbackend import compiled_plan
-    # the kernels' (codegen.generate_source; parts in a library kernel's epilogue)
-    imported = {"vmath", "reduce", "parts"}
-    headers = compiled_plan.HEADER + compiled_plan.CONV_HEADER
-    for names in re.findall(r"from jit_kernels import (.*)", "\n".join(headers)):
-        imported |= {n.strip() for n in names.split(",")} - {"njit_cached"}
-    assert imported == {"vmath", "reduce", "parts", "blas", "packed", "conv"}
-    assert {f"{name}.py" for name in imported} | {"__init__.py"} == set(codegen.STAMPED_SOURCES)
+    from jit_kernels import tuning
     folder = os.path.dirname(jit_kernels.__file__)
     digest = hashlib.sha256()
-    for name in codegen.STAMPED_SOURCES:
-        with open(os.path.join(folder, name), "rb") as f:
-            digest.update(f.read())
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".py"):
+            with open(os.path.join(folder, name), "rb") as f:
+                digest.update(name.encode() + b"\0" + f.read())
+    digest.update(repr(tuning.compiled_values()).encode())
     assert codegen.cache_dir().endswith(f"-{digest.hexdigest()[:12]}")
 
 

@@ -13,7 +13,6 @@ import llvmlite.binding as _llvm
 import numba as _numba
 from numba.core.caching import FunctionCache as _FunctionCache
 
-
 # LLVM's loop vectoriser gives up on a loop that needs more than 128 run-time
 # checks that its arrays do not overlap.  Numba cannot tell LLVM that a
 # kernel's freshly allocated outputs overlap nothing, so a fused kernel with

@@ -19,8 +19,8 @@ import numpy as np
 from numba import prange
 
 from .compiling import njit_cached_twins
-from .fork import parallel_ok
 from .conv import _JIT, PARALLEL_MIN_WORK, _launch
+from .fork import parallel_ok
 
 
 @njit_cached_twins(**_JIT)

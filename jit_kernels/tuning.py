@@ -32,7 +32,7 @@ import contextlib
 import os
 import threading
 
-__all__ = ["Entry", "entries", "override", "compiled_values"]
+__all__ = ["Entry", "compiled_values", "entries", "override"]
 
 
 class Entry:
@@ -41,7 +41,7 @@ class Entry:
     ``compiled`` (a constant inside compiled kernels) and ``decides`` (for a
     pin: the run-time decision it fixes)."""
 
-    __slots__ = ("name", "default", "unit", "source", "why", "compiled", "decides", "choices")
+    __slots__ = ("choices", "compiled", "decides", "default", "name", "source", "unit", "why")
 
     def __init__(self, name, default, unit, source, why, compiled=False, decides=None,
                  choices=None):

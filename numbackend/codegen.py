@@ -30,7 +30,6 @@ import collections
 import contextlib
 import glob
 import hashlib
-import importlib.util
 import os
 import shutil
 import stat

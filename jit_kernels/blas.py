@@ -36,6 +36,13 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _thread_count = None  # (get, set) ctypes functions, where bound
 _run_on_pool = None  # OpenBLAS's gotoblas_pthread, where bound
 _parts_lock = threading.Lock()  # the thread count is process-wide: one run_parts at a time
+
+
+def parts_lock():
+    """The lock held while parts run on BLAS's threads (one job at a time)."""
+    return _parts_lock
+
+
 _PART = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 _job = None  # (part, results, errors) of the run_parts under way, under _parts_lock
 

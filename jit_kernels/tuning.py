@@ -128,3 +128,11 @@ def override(**values):
 # ---------------------------------------------------------------------------
 # The entries.  Grouped by the code that reads them; each says its unit,
 # where its value comes from, and why it exists.
+
+# numbackend (placeholder entries; see the numbackend section)
+_define("NUMPY_MAX_SIZE", 16, "elements", "-", "-")
+_define("NUMPY_MAX_SAMPLES", 4096, "samples", "-", "-")
+_define("ONE_CALL_AFTER", 10, "calls", "-", "-", decides="-")
+_define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements", "-", "-")
+_define("PACKED_WEIGHTS_MAX_ROWS", 4, "rows", "-", "-")
+_define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items", "-", "-")

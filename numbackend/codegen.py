@@ -41,6 +41,7 @@ import warnings
 import weakref
 
 from . import ops as _ops
+from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
 CODEGEN_VERSION = 11
@@ -182,23 +183,6 @@ def scalar_type(dtype):
     return "np.bool_" if dtype == "bool" else f"np.{dtype}"
 
 
-class KernelSpec:
-    """Everything the generator needs, in canonical form.
-
-    nodes: list of (op name, attrs, [operand refs], compute dtype, out dtype), where a
-    ref is ('in', i) for external input i or ('node', j) for an earlier member;
-    reduce members have op kind 'reduce'.
-    """
-
-    def __init__(self, rank, split, k, flat, inputs, nodes, outputs, windows=None):
-        self.rank = rank          # domain rank
-        self.split = split        # s: rows = axes [0, s), columns = axes [s, rank)
-        self.k = k                # trailing reduced axes (0: none)
-        self.flat = flat          # one flat loop (no reductions, inputs 'F'/'S' only)
-        self.inputs = inputs      # list of (pattern, rank of the array, dtype)
-        self.nodes = nodes
-        self.outputs = outputs    # list of (node index, output shape kind, keepdims)
-        self.windows = windows or {}  # input index -> (offset, width) of a 'W' input
 
 
 def _load_expr(spec, i, idx_row, idx_col, flat_idx):

@@ -12,217 +12,130 @@ another, the whole plan as one call.  Both are cached on disk like the kernels.
 The kernels run serially there (``run_serial``): the whole-plan call is for
 small inputs, where a parallel region would cost more than it saves.
 """
-import math
-import numbers
 import re
 import warnings
 import weakref
-from collections import namedtuple
 
 import numba
 import numpy as np
 
 from jit_kernels import blas
 
-from . import codegen, graph
-from .ops import is_float_matrix_product
-
-# of float32 or float64 matrices; the second with its right operand packed
-# before the lines run (jit_kernels.packed; a scan loop picks one by the rows)
-_PRODUCT, _PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
+from . import codegen, graph, program
 
 # the generated module's first lines
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
-# after it, in a whole call running convolutions (see _conv_lines)
+# after it, in a whole call running convolutions
 CONV_HEADER = ["from jit_kernels import conv", ""]
 
-Rendered = namedtuple("Rendered", "lines kernel_lines kernel_modules constant_names variables "
-                                   "packing_lines hoisting_lines call_constants call_arguments")
-Rendered.__doc__ = """A plan's steps as source: ``lines`` (in the plan's names: p0.. for
-placeholders, v.. for values, c../s.. for constants), ``kernel_lines`` binding
-the kernels the lines call (after :data:`HEADER`) and ``kernel_modules``,
-their modules, which whatever runs the lines holds (see codegen.hold: the
-lines look them up by key, and codegen's bound on loaded modules may have
-dropped them), the constants the lines read
-(to pass as arguments), the (variable, name) pairs whose values they read, and
-the lines that pack the right operands of products and those that compute
-products over all steps (to run before ``lines``; see :func:`render`), and
-for a whole call, {name: value} of the constants that its convolutions and
-products by weights read besides (see :func:`_conv_lines` and
-:func:`_weights_product_lines`), and {name: (variable, function)} of the
-arguments it takes besides, each the function of the variable's value,
-worked out again where the value is another array."""
+
+class Render:
+    """A program's steps as source lines for compiled code, in the program's
+    names (p0.. placeholders, v.. values, c../s.. constants).
+
+    ``lines``: the steps; ``kernel_lines``: bind the kernels the lines call
+    (after :data:`HEADER`), whose modules ``kernel_modules`` whatever runs the
+    lines holds (see codegen.hold: the lines look them up by key, and
+    codegen's bound on loaded modules may have dropped them);
+    ``constant_names``: the program's constants the lines read;
+    ``variables``: the (variable, name) pairs whose values they read.
+
+    For a scan's loop: ``packable``, the names of placeholders that keep
+    their values while the lines run again and again (a product by one runs
+    on its panels, packed by ``packing_lines``, where the loop's
+    ``packed_products`` is true); ``sliced``, {placeholder name: the array
+    whose rows ``lo:hi`` of step ``t`` it is} (a product of one by a
+    packable value runs for all steps at once, in ``hoistings``, where
+    ``hoisted_products`` is true).  For a whole call (``whole_call``): the
+    ``call_constants`` ({name: value}) and ``call_arguments`` ({name:
+    (variable, function of its value)}) that lowerings add.
+    """
+
+    def __init__(self, program, packable=(), sliced=None, whole_call=False):
+        self.program = program
+        self.packable = set(packable)
+        self.sliced = sliced or {}
+        self.whole_call = whole_call
+        self.lines, self.variables, self.packings, self.hoistings = [], [], {}, []
+        self.call_constants, self.call_arguments = {}, {}
+        self.kernels, self.modules = {}, {}
+        self.runs_parts = False  # parts on BLAS's threads: the call holds its lock
+        self.needs_conv = False
+
+    def variable_named(self, name):
+        """The variable whose value the lines read as ``name``, or None."""
+        return next((v for v, n in self.variables if n == name), None)
+
+    def add_constant(self, prefix, value, runs_parts=False):
+        """A name for ``value``, a constant of the whole call."""
+        name = f"{prefix}{len(self.call_constants)}"
+        self.call_constants[name] = value
+        self.runs_parts = self.runs_parts or runs_parts
+        return name
+
+    def add_argument(self, prefix, variable, function):
+        """A name for ``function(variable.value)``, worked out again where the
+        value is another array."""
+        name = f"{prefix}{len(self.call_arguments)}"
+        self.call_arguments[name] = (variable, function)
+        return name
+
+    def kernel_line(self, call):
+        """The line of a program.KernelCall."""
+        module = codegen.load_kernel(codegen.generate_source(call.spec))
+        kernel = self.kernels.setdefault(module.KEY, f"kernel{len(self.kernels)}")
+        self.modules[module.KEY] = module
+        return f"({''.join(o + ', ' for o in call.outs)}) = {kernel}({', '.join(call.args)})"
+
+    @property
+    def kernel_lines(self):
+        return [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
+
+    @property
+    def kernel_modules(self):
+        return list(self.modules.values())
+
+    @property
+    def packing_lines(self):
+        return [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
+                f"np.empty((0, 0, 0), dtype={b}.dtype))"
+                for (b, tb), name in self.packings.items()]
+
+    @property
+    def constant_names(self):
+        used = set(re.findall(r"\w+", "\n".join(self.lines + self.program.result_names)))
+        return sorted(c for c in self.program.constants if c in used)
 
 
-def render(plan, packable=(), sliced=None, whole_call=False):
-    """The plan's steps as a :class:`Rendered`, or None where a step has no
-    compiled form (or NumPy's BLAS is not one jit_kernels.blas can call).
-    ``packable``: the names of placeholders that keep their values while the
-    lines run again and again; each product by one of them (not transposing its
-    left operand) runs as :data:`_PRODUCT_PACKED`, its right operand packed by
-    the packing lines, where a variable ``packed_products`` of the lines'
-    function is true.  ``sliced``: {placeholder name: the name of the array
-    whose rows ``lo:hi`` of step ``t`` it is}, for a scan's loop; a product of
-    one of them by a packable placeholder is computed for steps ``first`` to
-    ``stop`` at once by the hoisting lines where ``hoisted_products`` is true,
-    and read from there.  ``whole_call``: lines for :func:`compile_call`,
-    which may run convolutions (see :func:`_conv_lines`) and products by a
-    variable's value in parts (:func:`_weights_product_lines`)."""
+def render(program_, packable=(), sliced=None, whole_call=False):
+    """The program's steps as a :class:`Render`, or None where a step has no
+    compiled form (or NumPy's BLAS is not one jit_kernels.blas can call)."""
     if not blas.AVAILABLE:
         return None
-    lines, kernels, modules, variables, packings, hoistings = [], {}, {}, [], {}, []
-    call_constants, call_arguments = {}, {}
-    for entry in plan.program:
-        if entry[0] == "unsupported":
-            return None
-        if entry[0] == "variable":
-            variables.append(entry[1:])
-            continue
-        if entry[0] == "kernel":
-            _, spec, args, outs = entry
-            module = codegen.load_kernel(codegen.generate_source(spec))
-            kernel = kernels.setdefault(module.KEY, f"kernel{len(kernels)}")
-            modules[module.KEY] = module
-            lines.append(f"({''.join(o + ', ' for o in outs)}) = {kernel}({', '.join(args)})")
-            continue
-        if entry[0] == "conv":
-            conv_lines = _conv_lines(*entry[1:], call_constants) if whole_call else None
-            if conv_lines is None:
+    out = Render(program_, packable, sliced, whole_call)
+    for step in program_.steps:
+        if isinstance(step, program.ReadVariable):
+            out.variables.append((step.variable, step.out))
+        elif isinstance(step, program.FusedGroup):
+            if step.kernel is None:
                 return None
-            lines += conv_lines
-            continue
-        _, node, ins, out = entry
-        library = None
-        if whole_call and node.op == "dot":
-            weights = next((v for v, name in variables if name == ins[1]), None)
-            library = _weights_product_lines(node, ins, out, weights, call_constants, call_arguments)
-        if library is None:
-            library = _library_lines(node, ins, out, packable, packings, sliced or {}, hoistings)
-        if library is None:
-            return None
-        lines += library
-    used = set(re.findall(r"\w+", "\n".join(lines + plan.result_names)))
-    constant_names = sorted(c for c in plan.constants if c in used)
-    kernel_lines = [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in kernels.items()]
-    packing_lines = [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
-                     f"np.empty((0, 0, 0), dtype={b}.dtype))"
-                     for (b, tb), name in packings.items()]
-    return Rendered(lines, kernel_lines, list(modules.values()), constant_names, variables,
-                    packing_lines, hoistings, call_constants, call_arguments)
-
-
-def compiles_product(node):
-    """Whether a ``dot`` node has a compiled form: a product of two float32 or two
-    float64 matrices, through a BLAS that jit_kernels.blas can call."""
-    return blas.AVAILABLE and is_float_matrix_product(node)
-
-
-def _conv_lines(node, ins, out, pool, constants):
-    """The line of a 2-D convolution (pooled by 'max' where ``pool`` says so) as
-    jit_kernels.conv's compiled forms run it, adding the constants it reads to
-    ``constants``; None where it has none for the node's shapes and attributes
-    (see jit_kernels.conv.compiled_path)."""
-    from jit_kernels import conv, parts
-    x, w = node.inputs
-    if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
-        return None
-    attrs = node.attrs
-    path, extra = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
-                                     attrs["padding"], attrs["dilation"])
-    k = len(constants)
-    if path == "direct" and pool is None:
-        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = extra
-        return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, conv_sizes{k}, conv_offsets{k})"]
-    if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
-        return None
-    # the kernel that conv_transform is the transform of: none yet (NaN differs from all)
-    constants[f"conv_kernel{k}"] = np.full(w.shape, np.nan, node.dtype)
-    constants[f"conv_transform{k}"] = np.empty((36,) + w.shape[2:], node.dtype)
-    constants[f"conv_part{k}"] = conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0]
-    mode = 1 if pool == "max" else 0  # jit_kernels.conv._POOL_MODES
-    return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, conv_kernel{k}, conv_transform{k}, "
-             f"conv_part{k}, {mode}, {int(extra[0])})")]
-
-
-def _weights_product_lines(node, ins, out, weights, constants, arguments):
-    """The lines of a product by the value of the variable ``weights``: with few
-    rows, by its panels packed once per value (adding them to ``arguments``; a
-    variable's value is replaced, never written in place, as _ProductByWeights
-    relies on too), split between BLAS's threads where the weights are many
-    (adding the part's address to ``constants``), else through BLAS; None
-    where the plan runs it through BLAS alone.  Small weights too: BLAS took
-    2.4 us of the W3 MLP's whole call for its 1 x 512 by 512 x 10 product, and
-    the panels 0.8 us."""
-    from jit_kernels import packed, parts
-
-    from .compiler import PACKED_WEIGHTS_MAX_ROWS, PACKED_WEIGHTS_MIN_ITEMS, _multiplies_weights
-    if weights is None or not _multiplies_weights(node) or not compiles_product(node):
-        return None
-    in_parts = math.prod(weights.shape) >= PACKED_WEIGHTS_MIN_ITEMS
-    if in_parts and not parts.pool_from_compiled():
-        return None
-    k = len(arguments)
-    arguments[f"weights_panels{k}"] = (weights, _panels)
-    if in_parts:
-        constants[f"weights_part{k}"] = packed.product_parts[np.dtype(node.dtype).itemsize]()[0]
-        product = f"packed.matmul_packed_from_compiled({ins[0]}, weights_panels{k}, {out}, weights_part{k})"
-    else:
-        product = f"packed.matmul_packed({ins[0]}, weights_panels{k}, {out})"
-    return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
-            f"if {ins[0]}.shape[0] <= {PACKED_WEIGHTS_MAX_ROWS}:",
-            f"    {product}",
-            "else:",
-            f"    {_PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]
-
-
-def _panels(weights):
-    """The panels of jit_kernels.packed of a product's right operand ``weights``."""
-    from jit_kernels import packed
-    return packed.pack(weights, False)
-
-
-def _library_lines(node, ins, out, packable=(), packings=None, sliced=None, hoistings=None):
-    """The lines of a library step, or None where it has no compiled form.  A
-    product by a ``packable`` placeholder adds the name of its packed form to
-    ``packings``, under (placeholder, whether transposed); one of a ``sliced``
-    placeholder by it adds the lines that compute it over all steps to
-    ``hoistings``."""
-    if node.op == "dot":
-        if not compiles_product(node):
-            return None
-        ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
-        rows = f"{ins[0]}.shape[{1 if ta else 0}]"
-        cols = f"{ins[1]}.shape[{0 if tb else 1}]"
-        operands = f"({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"
-        lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
-        if ta or ins[1] not in packable:
-            return lines + [_PRODUCT + operands]
-        panels = packings.setdefault((ins[1], tb), f"packed{len(packings)}")
-        lines += ["if packed_products:", f"    {_PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
-                  "else:", f"    {_PRODUCT}{operands}"]
-        if ins[0] not in sliced:
-            return lines
-        whole, steps = sliced[ins[0]], f"hoisted{len(hoistings)}"
-        depth = f"{whole}.shape[2]"
-        allocate = (f"{steps} = np.empty(((last - earliest) if hoisted_products else 0, "
-                    f"min(hi, {whole}.shape[1]) - lo, {cols}), dtype=np.{node.dtype})")
-        multiply = (f"    {_PRODUCT}(np.ascontiguousarray({whole}[earliest:last, lo:hi]).reshape("
-                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), False, {tb})")
-        hoistings += [allocate, "if hoisted_products:", multiply]
-        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
-            "    " + line for line in lines]
-    if node.op == "concatenate":  # the gradient of per-gate slices
-        if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
-            return None
-        parts = "".join(i + ", " for i in ins)
-        return [f"{out} = np.concatenate(({parts}), axis={int(node.attrs['axis'])})"]
-    if node.op == "reshape":
-        shape = node.attrs["shape"]
-        if not all(isinstance(d, numbers.Integral) for d in shape):
-            return None
-        return [f"{out} = {ins[0]}.reshape(({''.join(f'{int(d)}, ' for d in shape)}))"]
-    return None
+            out.lines.append(out.kernel_line(step.kernel))
+        elif isinstance(step, program.LibraryWithEpilogue):
+            if step.kernel is None:
+                return None
+            pool = None if step.pool is None else step.pool.attrs["mode"]
+            lines = step.lowering.compiled_lines(step.node, step.ins, step.unfused, out, pool=pool)
+            if lines is None:
+                return None
+            out.lines += lines
+            out.lines.append(out.kernel_line(step.kernel))
+        else:
+            lines = step.lowering.compiled_lines(step.node, step.ins, step.out, out)
+            if lines is None:
+                return None
+            out.lines += lines
+    return out
 
 
 class Call:
@@ -323,34 +236,31 @@ class _Held:
         return f"{self.name} = parts.array_at(addresses[{index}], {shape!r}, np.{dtype}){item}"
 
 
-def compile_call(plan):
-    """The plan as one :class:`Call`, or None where a step has no compiled form."""
-    rendered = render(plan, whole_call=True)
-    if rendered is None or any(p.ndim == 0 for p in plan.placeholders) or any(
-            t.ndim == 0 for t in plan.targets):
+def compile_call(program_):
+    """The program as one :class:`Call`, or None where a step has no compiled form."""
+    rendered = render(program_, whole_call=True)
+    if rendered is None or any(p.ndim == 0 for p in program_.placeholders) or any(
+            t.ndim == 0 for t in program_.targets):
         return None  # a scalar is a NumPy scalar in the plan, not an array
     held = [_Held(name, v.shape, v.dtype, variable=v) for v, name in rendered.variables]
     for name, (variable, function) in rendered.call_arguments.items():
         result = function(variable.value)  # its shape and type, as the source gives them
         held.append(_Held(name, result.shape, result.dtype, variable=variable, function=function))
     scalars = set()
-    constants = {c: plan.constants[c] for c in rendered.constant_names}
+    constants = {c: program_.constants[c] for c in rendered.constant_names}
     for name, value in {**constants, **rendered.call_constants}.items():
         if not isinstance(value, np.ndarray):
             # a Python or NumPy scalar: its item, of the type Numba gives it
             value = np.asarray(value).reshape(1)
             scalars.add(name)
         held.append(_Held(name, value.shape, value.dtype, constant=np.ascontiguousarray(value)))
-    params = [f"p{i}" for i in range(len(plan.placeholders))] + ["addresses"]
+    params = [f"p{i}" for i in range(len(program_.placeholders))] + ["addresses"]
     results = [name if new else f"{name}.copy()"  # the caller owns what it gets
-               for name, new in zip(plan.result_names, plan.result_fresh)]
-    runs_convs = any(c.startswith("conv_") for c in rendered.call_constants)
-    lines = HEADER + (CONV_HEADER if runs_convs else []) + rendered.kernel_lines
+               for name, new in zip(program_.result_names, program_.result_fresh)]
+    lines = HEADER + (CONV_HEADER if rendered.needs_conv else []) + rendered.kernel_lines
     lines += ["", "", "@njit_cached(nogil=True)", f"def call({', '.join(params)}):"]
     lines += ["    " + h.line(i, h.name in scalars) for i, h in enumerate(held)]
     lines += ["    " + line for line in rendered.lines]
     lines.append(f"    return ({''.join(r + ', ' for r in results)})")
-    # parts on BLAS's threads (jit_kernels.parts.run_compiled) run under its lock
-    runs_parts = any(c.startswith(("conv_part", "weights_part")) for c in rendered.call_constants)
     return Call("\n".join(lines) + "\n", held, rendered.kernel_modules,
-                blas._parts_lock if runs_parts else None)
+                blas.parts_lock() if rendered.runs_parts else None)

@@ -17,7 +17,7 @@ the results after.  Shape errors are raised when the graph is built.
 import numpy as np
 
 from . import config
-from .compiler import evaluate
+from .evaluator import evaluate
 from .graph import Tensor, format_shape
 from .ops import OPS, apply, as_tensor, check_sweep
 

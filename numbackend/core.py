@@ -5,10 +5,10 @@ import numpy as np
 
 from . import codegen, config, names
 from . import sparse as sparse_tensors
-from .compiler import Function
 from .graph import Constant, Placeholder, Variable, canonical_dtype, is_tensor
 from .names import name_scope
 from .ops import apply, as_tensor
+from .runtime import Function
 
 _uid_prefixes = {}
 
@@ -336,7 +336,7 @@ class LearningPhase(Placeholder):
     """The one learning-phase placeholder, which Keras's functions feed: copied or
     unpickled, it stays this one (a copy would be another input, left at its
     default, and a copied model's dropout would never be on in training).
-    A function compiles a plan per value fed (see compiler.Function), where the
+    A function compiles a plan per value fed (see runtime.Function), where the
     switches on it (K.in_train_phase) take their branch and the other is never
     computed: at test time no dropout mask is drawn."""
 

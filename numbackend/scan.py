@@ -22,14 +22,15 @@ recomputes each step's forward values from the stored state history.
 import numpy as np
 
 from .autodiff import gradients, is_float
-from .core import zeros_like
-from .graph import Placeholder, Tensor, consumers_of, format_shape, substitute, toposort
-from .ops import OPS, apply, as_tensor, library
+from .graph import Constant, Placeholder, consumers_of, format_shape, substitute, toposort
+from .ops import OPS, apply, as_tensor, is_float_matrix_product, library
+from .rewrite import merge_sibling_dots
 
 
 class Body:
     """A traced step: its placeholders (sequence slices, states, invariants) and
-    its targets (per-step outputs, then new states), compiled on first use."""
+    its targets (per-step outputs, then new states).  Its program and loop are
+    built where a function runs the scan (lowering.Scan, plan.Bodies)."""
 
     def __init__(self, where, seq_inputs, state_inputs, invariant_inputs, outputs, new_states):
         self.where = where
@@ -38,30 +39,6 @@ class Body:
         self.invariant_inputs = invariant_inputs
         self.outputs = outputs
         self.new_states = new_states
-        self._plan = None
-        self._loops = {}  # number of stacked targets -> scan_loop.Loop, or None
-
-    @property
-    def plan(self):
-        if self._plan is None:
-            from .compiler import Plan
-            self._plan = Plan(self.seq_inputs + self.state_inputs + self.invariant_inputs,
-                              self.outputs + self.new_states)
-        return self._plan
-
-    def loop(self, n_stacked):
-        """The body's loop over time as one compiled function (scan_loop.py), or None
-        where the plan has a step without a compiled form."""
-        if n_stacked not in self._loops:
-            from .scan_loop import compile_loop
-            self._loops[n_stacked] = compile_loop(self.plan, len(self.seq_inputs),
-                                                  len(self.state_inputs), n_stacked, self.where)
-        return self._loops[n_stacked]
-
-    def __getstate__(self):
-        # a copy or an unpickled body compiles again on first use: its plan and
-        # loops hold generated code, which neither copies nor pickles
-        return {**self.__dict__, "_plan": None, "_loops": {}}
 
     def __repr__(self):
         return f"<Body {self.where} {id(self):x}>"
@@ -82,52 +59,6 @@ def _scan_infer(inputs, attrs):
     return (), (body.outputs + body.new_states)[0].dtype
 
 
-def _run_scan(*arrays, body, reverse, keep_history, length):
-    """The scan's value: stacked per-step outputs, then the states (stacked or final)."""
-    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
-    seqs = arrays[:n_seq]
-    states = arrays[n_seq:n_seq + n_state]
-    invariants = arrays[n_seq + n_state:]
-    steps = seqs[0].shape[0]
-    if steps == 0:
-        raise ValueError(f"{body.where}: the sequences are empty along axis 0 (shape "
-                         f"{seqs[0].shape})")
-    for s in seqs[1:]:
-        if s.shape[0] != steps:
-            raise ValueError(f"{body.where}: the sequences differ in length along axis 0: "
-                             + ", ".join(str(a.shape) for a in seqs))
-    run = body.plan.run
-    n_out = len(body.outputs)
-    n_stacked = n_out + (n_state if keep_history else 0)
-    stacked = None
-    order = range(steps - 1, -1, -1) if reverse else range(steps)
-    for n, t in enumerate(order):
-        result = run(*[s[t] for s in seqs], *states, *invariants)
-        if stacked is None:
-            for j in range(n_state):
-                if result[n_out + j].shape != states[j].shape:
-                    raise ValueError(f"{body.where}: the step turns state {j} of shape "
-                                     f"{states[j].shape} into one of shape "
-                                     f"{result[n_out + j].shape}")
-            stacked = [np.empty((steps,) + r.shape, r.dtype) for r in result[:n_stacked]]
-        for k in range(n_stacked):
-            if result[k].shape != stacked[k].shape[1:]:  # else NumPy would broadcast it
-                raise ValueError(f"{body.where}: step {t} gave an output of shape "
-                                 f"{result[k].shape}, the first step one of shape "
-                                 f"{stacked[k].shape[1:]}")
-            stacked[k][t] = result[k]
-        states = result[n_out:]
-        if n == 0 and steps > 1:
-            # the first step checked the shapes: the others in one compiled loop,
-            # where the body has one and it runs (else None: they run from Python)
-            loop = body.loop(n_stacked)
-            finals = loop and loop.run(1, steps, reverse, seqs, states, invariants, stacked)
-            if finals is not None:
-                states = finals
-                break
-    return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)
-
-
 def _item(node, index):
     """Output ``index`` of a scan node as a tensor."""
     body = node.attrs["body"]
@@ -139,33 +70,9 @@ def _item(node, index):
     return apply("tuple_item", node, index=index, shape=shape, dtype=t.dtype)
 
 
-def drop_unread_histories(targets):
-    """Scans that keep their states' history (for back-propagation) where nothing
-    reads it (inference: an RNN's last output) keep only the final states, so a
-    step copies its outputs alone.  Returns the new targets."""
-    order = toposort(targets)
-    reads = {}  # scan id -> indices of the items read; None when the whole tuple is
-    for node in order:
-        for i in node.inputs:
-            if i.op != "scan":
-                continue
-            if node.op == "tuple_item" and reads.get(i.id, set()) is not None:
-                reads.setdefault(i.id, set()).add(node.attrs["index"])
-            else:
-                reads[i.id] = None
-    lean, replacements = {}, {}
-    for node in order:
-        scan = node.inputs[0] if node.op == "tuple_item" else None
-        if (scan is None or scan.op != "scan" or not scan.attrs["keep_history"]
-                or reads[scan.id] is None or max(reads[scan.id]) >= len(scan.attrs["body"].outputs)
-                or any(t is scan for t in targets)):
-            continue
-        if scan.id not in lean:
-            lean[scan.id] = Tensor("scan", scan.inputs, {**scan.attrs, "keep_history": False},
-                                   scan.shape, scan.dtype)
-        replacements[node.id] = Tensor("tuple_item", (lean[scan.id],), node.attrs,
-                                       node.shape, node.dtype)
-    return substitute(targets, replacements) if replacements else list(targets)
+def zeros_like(x):
+    """Zeros of a tensor's run-time shape (broadcast: an inf in x stays out)."""
+    return apply("broadcast_like", Constant(np.zeros((), x.dtype)), x)
 
 
 def _shift(history, init, reverse):
@@ -305,7 +212,7 @@ def _summable_after(use, ph):
             and (left if right is ph else right).shape == use.shape)
 
 
-library("scan", _scan_infer, _run_scan, grad=_scan_grad, multi_output=True, grad_takes_wanted=True)
+library("scan", _scan_infer, None, grad=_scan_grad, multi_output=True, grad_takes_wanted=True)
 
 
 # ---------------------------------------------------------------------------
@@ -339,8 +246,7 @@ def _product_stays_in_loop(node):
     rows are few (scan_loop.IN_LOOP_MIN_ROWS): the W5 LSTM ran 11-13% faster at
     batch 32 (its input projection's 6.5 MB neither written nor read again) and
     as fast at batches 1 to 8."""
-    from .compiled_plan import compiles_product  # loads Numba: not at import
-    return compiles_product(node)
+    return is_float_matrix_product(node)
 
 
 def scan(step, sequences, initial_states, reverse=False, keep_history=True, where="scan"):
@@ -375,8 +281,8 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
                              f"{format_shape(ph.shape)}")
     if not outputs and not new_states:
         raise ValueError(f"{where}: the step returned no outputs and no states")
-    from .compiler import merge_sibling_dots  # before the loop boundary hides the slices
-    targets = merge_sibling_dots(outputs + new_states)
+    targets = merge_sibling_dots(  # before the loop boundary hides the slices
+        outputs + new_states)
     outputs, new_states = targets[:len(outputs)], targets[len(outputs):]
     kinds, outer = _classify(targets, seq_ph, state_ph, sequences)
     _keep_cheap_work_in_loop(targets, kinds, outer)

@@ -1,8 +1,8 @@
 """A scan's loop over time as one compiled function: no Python per step.
 
-The body of a scan (scan.py) is compiled into a plan (compiler.py) whose steps
+The body of a scan (scan.py) is built into a program (program.py) whose steps
 are fused kernels and library calls.  Where every step has a compiled form
-(compiled_plan.py), this module writes the plan again as the body of one Numba
+(compiled_plan.py), this module writes the program as the body of one Numba
 function that loops over the steps.  The function is cached on disk like the
 kernels.
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from jit_kernels import blas
 
-from . import codegen, compiled_plan
+from . import codegen, compiled_plan, program
 from .graph import toposort
 from .ops import OPS
 
@@ -152,9 +152,10 @@ class Loop:
 
 
 def compile_loop(plan, n_seq, n_state, n_stacked, where):
-    """The Loop of a body's plan (placeholders: sequence slices, states, invariants;
-    targets: per-step outputs, then new states, the first ``n_stacked`` targets
-    stacked per step), or None where a step has no compiled form."""
+    """The Loop of a body's program ``plan`` (placeholders: sequence slices,
+    states, invariants; targets: per-step outputs, then new states, the first
+    ``n_stacked`` targets stacked per step), or None where a step has no
+    compiled form."""
     n_inv = len(plan.placeholders) - n_seq - n_state
     if any(p.ndim == 0 for p in plan.placeholders[:n_seq + n_state]) or any(
             plan.targets[k].ndim == 0 for k in range(n_stacked)):
@@ -186,7 +187,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     # the steps first..stop-1 read these of the sequences
     lines += ["    earliest = steps - stop if reverse else first",
               "    last = steps - first if reverse else stop"]
-    lines += ["    " + line for line in rendered.hoisting_lines]
+    lines += ["    " + line for line in rendered.hoistings]
     lines += ["    for n in range(first, stop):",
               "        t = steps - 1 - n if reverse else n"]
     lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
@@ -198,8 +199,8 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     return Loop("\n".join(lines) + "\n", rendered.kernel_modules,
                 [plan.constants[c] for c in constant_names], where,
                 _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines),
-                sum(entry[1].shape[-1] or 0 for entry in plan.program
-                    if entry[0] == "library" and entry[1].op == "dot"))
+                sum(step.node.shape[-1] or 0 for step in plan.steps
+                    if isinstance(step, program.LibraryCall) and step.lowering.is_product))
 
 
 def _row_aligned(plan, n_seq, n_state):

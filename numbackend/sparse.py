@@ -15,26 +15,18 @@ output, and ``K.get_value`` a sparse tensor's value, as a
 SciPy is not a dependency: scipy.sparse matrices are recognised only where
 scipy.sparse is already imported.
 """
-import sys
 from collections import namedtuple
 
 import numpy as np
 
 from . import config
-from .compiler import Function
 from .graph import Constant, Placeholder, SparseTensor, canonical_dtype, format_shape
 from .ops import apply, as_tensor, normalize_axis
+from .runtime import Function, is_scipy_sparse
 
 SparseTensorValue = namedtuple("SparseTensorValue", "indices values dense_shape")
 SparseTensorValue.__doc__ = """The value of a sparse tensor, as TensorFlow's: ``indices``
 (nonzeros, 2) int64 in row-major order, ``values`` (nonzeros,), ``dense_shape`` (2,) int64."""
-
-
-def is_scipy_sparse(value):
-    """Whether ``value`` is a scipy.sparse matrix or array (without importing SciPy:
-    such a value exists only where scipy.sparse is imported)."""
-    scipy_sparse = sys.modules.get("scipy.sparse")
-    return scipy_sparse is not None and scipy_sparse.issparse(value)
 
 
 def is_sparse(x):
@@ -181,7 +173,7 @@ def concatenate(tensors, axis):
 
 class SparseFunction:
     """A compiled function with sparse inputs or outputs (see ``K.function``):
-    a :class:`~numbackend.compiler.Function` of their parts.  Each sparse input
+    a :class:`~numbackend.runtime.Function` of their parts.  Each sparse input
     is fed a scipy.sparse matrix (or a SparseTensorValue); each sparse output
     comes back as a SparseTensorValue in row-major order."""
 

@@ -12,8 +12,8 @@ os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="numbackend-keras-ho
 def plan_runs(monkeypatch):
     """Functions compile their plan as one call from their second small call on;
     returns a function counting how often a Function's plan ran from Python."""
-    from numbackend import compiler  # after the cache folder above is chosen
-    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 2)
+    from jit_kernels import tuning  # after the cache folder above is chosen
+    monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 2)
 
     def count(fn):
         runs, run = [0], fn.plan.run

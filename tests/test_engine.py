@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import numbackend
-from numbackend import codegen, compiler, ops
+from jit_kernels import tuning
+from numbackend import codegen, lowering, ops
 from numbackend import core as K
 from tests.kernel_helpers import needs_blas
 
@@ -151,7 +152,7 @@ def test_one_value_per_sample_runs_numpy_for_small_batches(monkeypatch, shape):
     (kernel,) = f.plan.kernels
     assert "numpy|kernel" in f.explain()
     calls = record_loops(monkeypatch, kernel)
-    for size in (3, compiler.NUMPY_MAX_SAMPLES, compiler.NUMPY_MAX_SAMPLES + 1):
+    for size in (3, tuning.NUMPY_MAX_SAMPLES, tuning.NUMPY_MAX_SAMPLES + 1):
         v = np.linspace(-5, 5, size).reshape((size,) + shape[1:])
         np.testing.assert_allclose(f([v])[0], np.log(v * v + 1.0) - 0.5 * v, rtol=1e-12,
                                    atol=1e-14)
@@ -578,7 +579,7 @@ def test_one_call_reads_values_replaced_between_calls(plan_runs):
     x = K.placeholder((None, 6), dtype="float64")
     f = K.function([x], [numbackend.dot(x, w) * 2.0])
     runs = plan_runs(f)
-    few, many = rng.standard_normal((2, 6)), rng.standard_normal((compiler.PACKED_WEIGHTS_MAX_ROWS + 1, 6))
+    few, many = rng.standard_normal((2, 6)), rng.standard_normal((tuning.PACKED_WEIGHTS_MAX_ROWS + 1, 6))
     for _ in range(2):
         np.testing.assert_allclose(f([few])[0], 2 * few @ K.get_value(w), rtol=1e-12)
     fortran = rng.standard_normal((5, 6)).T
@@ -611,7 +612,7 @@ def test_large_inputs_run_the_plan(plan_runs):
     x = K.placeholder((None, 4), dtype="float64")
     f = K.function([x], [numbackend.dot(x, K.variable(np.eye(4), dtype="float64")) * 2.0])
     runs = plan_runs(f)
-    big = np.ones((compiler.ONE_CALL_MAX_ELEMENTS // 4 + 1, 4))
+    big = np.ones((tuning.ONE_CALL_MAX_ELEMENTS // 4 + 1, 4))
     for _ in range(3):
         np.testing.assert_array_equal(f([big])[0], 2 * big)
     assert runs[0] == 3
@@ -658,8 +659,8 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
     than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
     PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
-    monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
-    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
+    monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+    monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
     # (only Python functions are wrapped: a compiled one read by another would
     # not compile while wrapped)
     in_parts, product = [], packed.matmul_packed_in_parts
@@ -672,7 +673,7 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
         w = K.variable(value, dtype=dtype)
         x = K.placeholder((None, 7), dtype=dtype)
         f = K.function([x], [ops.apply("dot", x, w)])
-        (step,) = [v for v in f.plan.run.__globals__.values() if isinstance(v, compiler._ProductByWeights)]
+        (step,) = [v for v in f.plan.run.__globals__.values() if isinstance(v, lowering._ProductByWeights)]
         through_blas, fallback = [], step.fallback
         step.fallback = lambda a, b, seen=through_blas, blas_call=fallback: (
             seen.append(a.shape) or blas_call(a, b))
@@ -689,9 +690,9 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert step.packing[1] is not panels[4] and in_parts == [(1, 7), (2, 7), (3, 7), (4, 7), (1, 7)]
-        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
+        monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
         for rows in (2, 5):
             a = rng.standard_normal((rows, 7)).astype(dtype)
             np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert len(in_parts) == 5 and through_blas == [(5, 7), (5, 7)]
-        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+        monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)

@@ -154,10 +154,10 @@ KERAS_SCRIPT = textwrap.dedent("""
     from keras.layers import Activation, Dense, Dropout, Flatten
     from keras.models import Sequential
     import numbackend
-    from numbackend import compiler
+    from jit_kernels import tuning
     from numbackend.graph import toposort
 
-    compiler.ONE_CALL_AFTER = 2
+    tuning.ONE_CALL_AFTER = 2
     np.random.seed(0)
     model = Sequential([Flatten(input_shape=(4, 2)), Dense(16, activation="relu"), Dropout(0.5),
                         Activation("linear"), Dense(5, activation="softmax")])

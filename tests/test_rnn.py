@@ -11,6 +11,7 @@ import pytest
 import numbackend as K
 from jit_kernels import blas
 from numbackend.graph import toposort
+from numbackend.plan import BODIES
 from numbackend.scan import scan
 from tests.finite_differences import numeric_gradient
 
@@ -273,7 +274,7 @@ def test_a_masked_rnn_runs_no_step_outside_its_loop():
 def test_a_masked_rnn_gives_the_same_bits_in_its_compiled_loop_and_from_python(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
-    from numbackend import scan as scan_module
+    from numbackend import plan as plan_module
     (w, u, b, x, h0, c0, mask), (last, outputs, h, c) = _build_two_state_rnn(True, False)
     loss = K.sum(outputs * outputs) + K.sum(K.square(last)) + K.sum(h * c)
     fn = K.function([x, h0, c0, mask],
@@ -282,7 +283,7 @@ def test_a_masked_rnn_gives_the_same_bits_in_its_compiled_loop_and_from_python(m
     counts = _count_step_runs(fn)
     compiled = [np.array(v, copy=True) for v in fn(values)]
     assert counts == {"rnn": 1, "rnn gradient": 1}
-    monkeypatch.setattr(scan_module.Body, "loop", lambda self, n_stacked: None)
+    monkeypatch.setattr(plan_module.Bodies, "loop", lambda self, body, n_stacked: None)
     counts = _count_step_runs(fn)
     from_python = fn(values)
     assert counts == {"rnn": T, "rnn gradient": T}
@@ -539,7 +540,8 @@ def _count_step_runs(fn):
         if node.op != "scan":
             continue
         body = node.attrs["body"]
-        plan, run = body.plan, body.plan.run
+        plan = BODIES.plan(body)
+        run = plan.run
         counts.setdefault(body.where, 0)
 
         def counted(*arrays, run=run, where=body.where):
@@ -577,8 +579,8 @@ def test_steps_after_the_first_run_in_one_compiled_loop():
 
 
 def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
-    from numbackend import compiled_plan
-    monkeypatch.setattr(compiled_plan, "_PRODUCT", "np.float64")  # no such signature
+    from numbackend import lowering
+    monkeypatch.setattr(lowering, "PRODUCT", "np.float64")  # no such signature
     (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
@@ -911,7 +913,7 @@ _ROW_CASES = {  # a step's new state from h and the invariants, and which invari
 
 @pytest.mark.parametrize("case", list(_ROW_CASES))
 def test_which_steps_keep_their_rows_apart(case):
-    from numbackend.compiler import Plan
+    from numbackend.plan import Plan
     from numbackend.scan_loop import _row_aligned
     step, aligned = _ROW_CASES[case]
     x = K.placeholder((None, I), dtype="float64")

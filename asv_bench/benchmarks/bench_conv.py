@@ -4,7 +4,7 @@ im2col reference in the same run, and a training step of the same network
 import numpy as np
 
 import numbackend as K
-from numbackend.compiler import ONE_CALL_AFTER
+from jit_kernels.tuning import ONE_CALL_AFTER
 
 from .common import (
     F32,

@@ -3,7 +3,7 @@
 import numpy as np
 
 import numbackend as K
-from numbackend.compiler import ONE_CALL_AFTER
+from jit_kernels.tuning import ONE_CALL_AFTER
 
 from .common import (
     F32,

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import numbackend as K
-from numbackend.compiler import ONE_CALL_AFTER
+from jit_kernels.tuning import ONE_CALL_AFTER
 
 from .common import cnn_function, cnn_inputs, cnn_weights, setup_once
 

@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from numbackend.compiler import ONE_CALL_AFTER
+from jit_kernels.tuning import ONE_CALL_AFTER
 
 from .common import F32, cold_cache_run, rng, setup_once, warm_cache_run
 

@@ -1,0 +1,386 @@
+"""One lowering per library op: how a library step runs.
+
+A lowering owns an op's paths: the callable the Python plan calls
+(:meth:`Lowering.plan_callable`), its compiled form, the source lines a whole
+compiled call or a scan's loop runs (:meth:`Lowering.compiled_lines`, None
+where it has none), and the traits fusion reads:
+
+- ``takes_epilogue``: it can run an element-wise group on each block of its
+  result while in cache (program.LibraryWithEpilogue);
+- ``pools``: it can pool its result over 2x2 windows itself, before or after
+  that group;
+- ``returns_view``: its result may be a view of its input (a reshape), which
+  the caller must not be handed as its own;
+- ``is_product``: a matrix product (a scan's loop counts their columns).
+
+Whether an element-wise op commutes with max pooling (``rising``) is a
+property of its maths, declared in its op entry.  Ops without a lowering of
+their own get :class:`Lowering`: their NumPy/Numba function, no compiled form.
+"""
+import functools
+import math
+import numbers
+import weakref
+
+import numpy as np
+
+from jit_kernels import tuning
+
+from .evaluator import library_call
+from .graph import Constant, Variable
+from .ops import OPS, is_float_matrix_product
+
+# Compiled forms of products: of float32 or float64 matrices through NumPy's
+# BLAS, and with the right operand packed before the lines run
+# (jit_kernels.packed; a scan's loop picks one by the rows).
+PRODUCT, PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
+
+
+class Lowering:
+    """A library op run by its NumPy/Numba function, with no compiled form."""
+
+    takes_epilogue = False
+    pools = False
+    returns_view = False
+    is_product = False
+
+    def plan_callable(self, node, bodies=None):
+        """``f(*input_arrays)`` for the Python plan.  ``bodies``: where an op runs
+        sub-programs (a scan's step), what builds them (see plan.Bodies)."""
+        return library_call(node)
+
+    def compiled_lines(self, node, ins, out, render):
+        """The lines computing ``out`` from ``ins`` inside compiled code, or None
+        where there are none.  ``render``: the compiled_plan.Render the lines
+        join, whose constants, arguments, packings and hoistings they may add to."""
+        return
+
+
+class View(Lowering):
+    """A reshape, expand_dims and the like: a view of the input, no copy."""
+
+    returns_view = True
+
+
+class Reshape(View):
+    def compiled_lines(self, node, ins, out, render):
+        shape = node.attrs["shape"]
+        if not all(isinstance(d, numbers.Integral) for d in shape):
+            return None
+        return [f"{out} = {ins[0]}.reshape(({''.join(f'{int(d)}, ' for d in shape)}))"]
+
+
+class Concatenate(Lowering):
+    def compiled_lines(self, node, ins, out, render):
+        # (the gradient of per-gate slices, in a scan's loop)
+        if any(i.dtype != node.dtype or i.ndim == 0 for i in node.inputs):
+            return None
+        parts = "".join(i + ", " for i in ins)
+        return [f"{out} = np.concatenate(({parts}), axis={int(node.attrs['axis'])})"]
+
+
+def _multiplies_weights(node):
+    """Whether ``node`` is a product of a matrix by a variable's or a constant's
+    value (a layer's weights), 2-D, untransposed, of float32 or float64."""
+    return (isinstance(node.inputs[1], (Variable, Constant)) and is_float_matrix_product(node)
+            and not node.attrs.get("transpose_a") and not node.attrs.get("transpose_b"))
+
+
+def _blas():
+    from jit_kernels import blas  # loads NumPy's BLAS: not at import
+    return blas
+
+
+class Dot(Lowering):
+    """A matrix product.  By weights (a variable's or constant's value) with at
+    most PACKED_WEIGHTS_MAX_ROWS rows of x: on jit_kernels.packed's
+    micro-kernel, which reads the weights from memory once; large weights
+    packed once per value and split between BLAS's threads.  Else through
+    BLAS.  The choice depends on the shapes alone, in the plan and in the
+    whole call alike: the two sum in other orders, and every call must give
+    the same bits for the same input."""
+
+    is_product = True
+
+    def plan_callable(self, node, bodies=None):
+        return _ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
+
+    def compiled_lines(self, node, ins, out, render):
+        if not (_blas().AVAILABLE and is_float_matrix_product(node)):
+            return None
+        if render.whole_call:
+            weights = render.variable_named(ins[1])
+            if weights is not None and _multiplies_weights(node):
+                lines = self._weights_lines(node, ins, out, weights, render)
+                if lines is not None:
+                    return lines
+        return self._product_lines(node, ins, out, render)
+
+    @staticmethod
+    def _weights_lines(node, ins, out, weights, render):
+        """A product by the value of the variable ``weights``: with few rows, by
+        its panels packed once per value (an argument of the call), split
+        between BLAS's threads where the weights are many; else through BLAS.
+        None where parts cannot run from compiled code."""
+        from jit_kernels import packed, parts
+        in_parts = math.prod(weights.shape) >= tuning.PACKED_WEIGHTS_MIN_ITEMS
+        if in_parts and not parts.pool_from_compiled():
+            return None
+        panels = render.add_argument("weights_panels", weights, _panels)
+        if in_parts:
+            part = render.add_constant(
+                "weights_part", packed.product_parts[np.dtype(node.dtype).itemsize]()[0], runs_parts=True)
+            product = f"packed.matmul_packed_from_compiled({ins[0]}, {panels}, {out}, {part})"
+        else:
+            product = f"packed.matmul_packed({ins[0]}, {panels}, {out})"
+        return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+                f"if {ins[0]}.shape[0] <= {tuning.PACKED_WEIGHTS_MAX_ROWS}:",
+                f"    {product}",
+                "else:",
+                f"    {PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]
+
+    @staticmethod
+    def _product_lines(node, ins, out, render):
+        """Through BLAS; by a ``packable`` value (a scan's invariant) on its
+        packed panels where the loop's ``packed_products`` is true; of a
+        ``sliced`` sequence by it, for all the loop's steps at once by the
+        hoisting lines where ``hoisted_products`` is true."""
+        ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
+        rows = f"{ins[0]}.shape[{1 if ta else 0}]"
+        cols = f"{ins[1]}.shape[{0 if tb else 1}]"
+        operands = f"({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"
+        lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
+        if ta or ins[1] not in render.packable:
+            return lines + [PRODUCT + operands]
+        panels = render.packings.setdefault((ins[1], tb), f"packed{len(render.packings)}")
+        lines += ["if packed_products:", f"    {PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
+                  "else:", f"    {PRODUCT}{operands}"]
+        if ins[0] not in render.sliced:
+            return lines
+        whole, steps = render.sliced[ins[0]], f"hoisted{len(render.hoistings)}"
+        depth = f"{whole}.shape[2]"
+        allocate = (f"{steps} = np.empty(((last - earliest) if hoisted_products else 0, "
+                    f"min(hi, {whole}.shape[1]) - lo, {cols}), dtype=np.{node.dtype})")
+        multiply = (f"    {PRODUCT}(np.ascontiguousarray({whole}[earliest:last, lo:hi]).reshape("
+                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), False, {tb})")
+        render.hoistings += [allocate, "if hoisted_products:", multiply]
+        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
+            "    " + line for line in lines]
+
+
+def _panels(weights):
+    """The panels of jit_kernels.packed of a product's right operand ``weights``."""
+    from jit_kernels import packed
+    return packed.pack(weights, False)
+
+
+class _ProductByWeights:
+    """The plan's ``x @ w`` for a product by weights (see :class:`Dot`); a
+    variable's value is replaced, never written in place (Variable.assign and
+    the updates store new arrays), so panels packed for one value serve
+    until the value changes."""
+
+    def __init__(self, node):
+        self.fallback = library_call(node)
+        self.dtype = np.dtype(node.dtype)
+        self.packed = None  # jit_kernels.packed, from the first packed call
+        self.packing = None  # (weak reference to the value packed, its panels)
+
+    def __call__(self, x, w):
+        if (x.shape[0] > tuning.PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype
+                or w.dtype != self.dtype or x.shape[1] != w.shape[0]
+                or not x.flags.c_contiguous or not w.flags.c_contiguous):
+            return self.fallback(x, w)
+        if self.packed is None:
+            from jit_kernels import packed
+            self.packed = packed
+        out = np.empty((x.shape[0], w.shape[1]), self.dtype)
+        if w.size < tuning.PACKED_WEIGHTS_MIN_ITEMS:
+            self.packed.matmul(x, w, out)
+            return out
+        packing = self.packing
+        if packing is None or packing[0]() is not w:
+            packing = self.packing = (weakref.ref(w), self.packed.pack(w, False))
+        self.packed.matmul_packed_in_parts(x, packing[1], out)
+        return out
+
+
+class Conv(Lowering):
+    """A convolution: jit_kernels.conv chooses its algorithm (forward_path,
+    the one place).  It takes an epilogue and pools a 2-D result itself."""
+
+    takes_epilogue = True
+    pools = True
+
+    def plan_callable_with_epilogue(self, step, module, fallback):
+        """The plan's callable for a program.LibraryWithEpilogue: ``call(*node_inputs,
+        *group_inputs_but_node)``, the group running as ``module``'s compiled
+        part on each block; ``fallback(*group_inputs)`` runs the group with
+        NumPy where the run-time shapes do not fit the part."""
+        return _library_with_epilogue(step, module, fallback)
+
+    def compiled_lines(self, node, ins, out, render, pool=None):
+        """The line of a 2-D convolution (pooled by 'max' where ``pool`` says so)
+        as jit_kernels.conv's compiled forms run it: only in a whole call, and
+        only where conv.compiled_path has a form for the node's shapes."""
+        if not render.whole_call:
+            return None
+        from jit_kernels import conv, parts
+        x, w = node.inputs
+        if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
+            return None
+        attrs = node.attrs
+        path, extra = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                                         attrs["padding"], attrs["dilation"])
+        if path == "direct" and pool is None:
+            sizes = render.add_constant("conv_sizes", extra[0])
+            offsets = render.add_constant("conv_offsets", extra[1])
+            render.needs_conv = True
+            return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
+        if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
+            return None
+        # the kernel that the transform is of: none yet (NaN differs from all)
+        kept = render.add_constant("conv_kernel", np.full(w.shape, np.nan, node.dtype))
+        transform = render.add_constant("conv_transform", np.empty((36,) + w.shape[2:], node.dtype))
+        part = render.add_constant("conv_part", conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0],
+                                   runs_parts=True)
+        render.needs_conv = True
+        mode = 1 if pool == "max" else 0  # jit_kernels.conv's pool modes
+        return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
+                f"{mode}, {int(extra[0])})")]
+
+
+def _library_with_epilogue(step, module, fallback):
+    """See :meth:`Conv.plan_callable_with_epilogue`.  With ``step.pool_first``
+    (max pooling, a group that rises with node) node's value is pooled and the
+    group runs on the pooled values.  Run-time shapes the part does not take
+    (a last axis of another length) run the node, then the group with NumPy,
+    then the pool."""
+    from jit_kernels import parts  # not at import: it loads BLAS
+    node, pool, pool_first = step.node, step.pool, step.pool_first
+    unpooled = functools.partial(OPS[node.op].impl, **node.attrs) if node.attrs else OPS[node.op].impl
+    impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
+    pool_call = None if pool is None else library_call(pool)
+    own, position = len(node.inputs), step.position
+    others = [(p == "C", np.dtype(t.dtype)) for j, (p, t) in enumerate(zip(step.patterns, step.inputs))
+              if j != position]
+    dtype = np.dtype(node.dtype)
+
+    last = [(), None]  # the last call's group inputs and their epilogue, while it can serve again
+
+    def compiled_epilogue(inputs):
+        """The CompiledEpilogue of the group's other inputs: the last one where they
+        are the same arrays, read in place (a layer's weights, on each call)."""
+        known, epilogue = last
+        if epilogue is not None and len(known) == len(inputs):
+            for a, b in zip(known, inputs):
+                if a is not b:
+                    break
+            else:
+                return epilogue
+        keep, numbers_, widths, in_place = [], [], [], True
+        for (row, kind), a in zip(others, inputs):
+            # C-contiguous and in the kernel's types: it reads them by address
+            in_place = in_place and type(a) is np.ndarray and a.dtype == kind and a.flags.c_contiguous
+            a = np.asarray(a, dtype=kind).reshape(-1)
+            keep.append(a)
+            numbers_.append(parts.address(a))
+            if row:
+                widths.append(a.size)
+        epilogue = parts.CompiledEpilogue(module.EPILOGUE_PART, dtype, numbers_, keep, widths)
+        # a copy would miss a change made in place to the array it came from
+        last[:] = (inputs, epilogue) if in_place else ((), None)
+        return epilogue
+
+    def call(*arrays):
+        epilogue = compiled_epilogue(arrays[own:])
+        try:
+            if pool_first:
+                return impl(*arrays[:own], epilogue=epilogue, pool_first=True)
+            return impl(*arrays[:own], epilogue=epilogue)
+        except parts.EpilogueMismatch:  # checked before any block ran
+            group_inputs = list(arrays[own:])
+            group_inputs.insert(position, unpooled(*arrays[:own]))
+            result = fallback(*group_inputs)[0]
+            return result if pool_call is None else pool_call(result)
+    return call
+
+
+class Scan(Lowering):
+    """A scan: its body's program run once per step by the Python plan, the
+    steps after the first in one compiled loop where the body has one
+    (scan_loop.py).  ``bodies`` (plan.Bodies) builds and keeps both."""
+
+    def plan_callable(self, node, bodies=None):
+        attrs = node.attrs
+        body, reverse, keep_history = attrs["body"], attrs["reverse"], attrs["keep_history"]
+
+        def call(*arrays):
+            return _run_scan(arrays, body, reverse, keep_history, bodies)
+        return call
+
+
+def _run_scan(arrays, body, reverse, keep_history, bodies):
+    """The scan's value: stacked per-step outputs, then the states (stacked or final)."""
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    seqs = arrays[:n_seq]
+    states = arrays[n_seq:n_seq + n_state]
+    invariants = arrays[n_seq + n_state:]
+    steps = seqs[0].shape[0]
+    if steps == 0:
+        raise ValueError(f"{body.where}: the sequences are empty along axis 0 (shape "
+                         f"{seqs[0].shape})")
+    for s in seqs[1:]:
+        if s.shape[0] != steps:
+            raise ValueError(f"{body.where}: the sequences differ in length along axis 0: "
+                             + ", ".join(str(a.shape) for a in seqs))
+    run = bodies.plan(body).run
+    n_out = len(body.outputs)
+    n_stacked = n_out + (n_state if keep_history else 0)
+    stacked = None
+    order = range(steps - 1, -1, -1) if reverse else range(steps)
+    for n, t in enumerate(order):
+        result = run(*[s[t] for s in seqs], *states, *invariants)
+        if stacked is None:
+            for j in range(n_state):
+                if result[n_out + j].shape != states[j].shape:
+                    raise ValueError(f"{body.where}: the step turns state {j} of shape "
+                                     f"{states[j].shape} into one of shape "
+                                     f"{result[n_out + j].shape}")
+            stacked = [np.empty((steps,) + r.shape, r.dtype) for r in result[:n_stacked]]
+        for k in range(n_stacked):
+            if result[k].shape != stacked[k].shape[1:]:  # else NumPy would broadcast it
+                raise ValueError(f"{body.where}: step {t} gave an output of shape "
+                                 f"{result[k].shape}, the first step one of shape "
+                                 f"{stacked[k].shape[1:]}")
+            stacked[k][t] = result[k]
+        states = result[n_out:]
+        if n == 0 and steps > 1:
+            # the first step checked the shapes: the others in one compiled loop,
+            # where the body has one and it runs (else None: they run from Python)
+            loop = bodies.loop(body, n_stacked)
+            finals = loop and loop.run(1, steps, reverse, seqs, states, invariants, stacked)
+            if finals is not None:
+                states = finals
+                break
+    return tuple(stacked) if keep_history else tuple(stacked) + tuple(states)
+
+
+_DEFAULT = Lowering()
+_VIEW = View()
+LOWERINGS = {
+    "dot": Dot(),
+    "conv": Conv(),
+    "reshape": Reshape(),
+    "concatenate": Concatenate(),
+    "scan": Scan(),
+    "reshape_like": _VIEW,
+    "reshape_dynamic": _VIEW,
+    "expand_dims": _VIEW,
+    "print_tensor": _VIEW,
+}
+
+
+def lowering_of(node):
+    """The lowering of a library node."""
+    return LOWERINGS.get(node.op, _DEFAULT)

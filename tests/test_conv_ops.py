@@ -618,8 +618,7 @@ def test_a_small_cnn_called_often_runs_as_one_call(monkeypatch, dtype):
     changed in place, are what the next call reads; an inf in an image goes
     back to the plan (Winograd would spread it), and so does a batch too
     large for one call."""
-    from jit_kernels import blas, parts
-    from jit_kernels import tuning
+    from jit_kernels import blas, parts, tuning
     if not (blas.AVAILABLE and parts.pool_from_compiled()):
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64 with its pool: plans run from Python")
     monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 2)

@@ -86,85 +86,85 @@ class Tensor:
 
     # Python operators build graph nodes through the op registry.
     def __add__(self, other):
-        return _ops().apply("add", self, other)
+        return _apply("add", self, other)
 
     def __radd__(self, other):
-        return _ops().apply("add", other, self)
+        return _apply("add", other, self)
 
     def __sub__(self, other):
-        return _ops().apply("subtract", self, other)
+        return _apply("subtract", self, other)
 
     def __rsub__(self, other):
-        return _ops().apply("subtract", other, self)
+        return _apply("subtract", other, self)
 
     def __mul__(self, other):
-        return _ops().apply("multiply", self, other)
+        return _apply("multiply", self, other)
 
     def __rmul__(self, other):
-        return _ops().apply("multiply", other, self)
+        return _apply("multiply", other, self)
 
     def __truediv__(self, other):
-        return _ops().apply("divide", self, other)
+        return _apply("divide", self, other)
 
     def __rtruediv__(self, other):
-        return _ops().apply("divide", other, self)
+        return _apply("divide", other, self)
 
     def __floordiv__(self, other):
-        return _ops().apply("floor_divide", self, other)
+        return _apply("floor_divide", self, other)
 
     def __rfloordiv__(self, other):
-        return _ops().apply("floor_divide", other, self)
+        return _apply("floor_divide", other, self)
 
     def __mod__(self, other):
-        return _ops().apply("mod", self, other)
+        return _apply("mod", self, other)
 
     def __rmod__(self, other):
-        return _ops().apply("mod", other, self)
+        return _apply("mod", other, self)
 
     def __pow__(self, other):
-        return _ops().apply("power", self, other)
+        return _apply("power", self, other)
 
     def __rpow__(self, other):
-        return _ops().apply("power", other, self)
+        return _apply("power", other, self)
 
     def __neg__(self):
-        return _ops().apply("negative", self)
+        return _apply("negative", self)
 
     def __pos__(self):
         return self
 
     def __abs__(self):
-        return _ops().apply("abs", self)
+        return _apply("abs", self)
 
     def __lt__(self, other):
-        return _ops().apply("less", self, other)
+        return _apply("less", self, other)
 
     def __le__(self, other):
-        return _ops().apply("less_equal", self, other)
+        return _apply("less_equal", self, other)
 
     def __gt__(self, other):
-        return _ops().apply("greater", self, other)
+        return _apply("greater", self, other)
 
     def __ge__(self, other):
-        return _ops().apply("greater_equal", self, other)
+        return _apply("greater_equal", self, other)
 
     def __and__(self, other):
-        return _ops().apply("logical_and", self, other)
+        return _apply("logical_and", self, other)
 
     def __rand__(self, other):
-        return _ops().apply("logical_and", other, self)
+        return _apply("logical_and", other, self)
 
     def __or__(self, other):
-        return _ops().apply("logical_or", self, other)
+        return _apply("logical_or", self, other)
 
     def __ror__(self, other):
-        return _ops().apply("logical_or", other, self)
+        return _apply("logical_or", other, self)
 
     def __invert__(self):
-        return _ops().apply("logical_not", self)
+        return _apply("logical_not", self)
 
     def __getitem__(self, key):
-        return _ops().getitem(self, key)
+        return _OPERATORS["getitem"](self, key)
 
     def __array__(self, *args, **kwargs):
         raise TypeError(f"tensor {self.name!r} is symbolic: use K.eval or K.function to get its value")
@@ -282,16 +282,26 @@ def is_tensor(x):
     return isinstance(x, Tensor)
 
 
-def _ops():
-    # ops imports this module; import it on first use to keep the cycle simple.
-    global _ops_module
-    if _ops_module is None:
-        from . import ops
-        _ops_module = ops
-    return _ops_module
+def _apply(op, *args, **attrs):
+    """ops.apply, for a tensor's operators (``x + y``): installed by the ops
+    package when it loads (:func:`install_operators`), which builds on this
+    module."""
+    return _OPERATORS["apply"](op, *args, **attrs)
 
 
-_ops_module = None
+def install_operators(apply, getitem):
+    """Make a tensor's operators build their nodes with the ops package's
+    ``apply`` and ``getitem``."""
+    _OPERATORS.update(apply=apply, getitem=getitem)
+
+
+def _not_installed(*args, **attrs):
+    raise RuntimeError("numbackend.graph: a tensor's operators need the ops package loaded")
+
+
+_OPERATORS = {"apply": _not_installed, "getitem": _not_installed}
+
+
 
 
 def toposort(outputs):

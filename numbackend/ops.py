@@ -20,7 +20,7 @@ import numbers
 
 import numpy as np
 
-from . import config
+from . import config, graph
 from .graph import Constant, SparseTensor, Tensor, canonical_dtype, format_shape
 
 OPS = {}
@@ -1962,3 +1962,6 @@ library("local_conv_backward_kernel",
         lambda inputs, attrs: (tuple(attrs["w_shape"]), _conv_dtype(inputs)),
         lambda x, dy, w_shape, **a: _local_backward_kernel(x, dy, **a),
         grad=_local_backward_kernel_grad)
+
+
+graph.install_operators(apply, getitem)

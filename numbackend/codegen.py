@@ -548,6 +548,13 @@ def _fold_next_row_extremum(spec, j, view, loop, body):
     return [f"n{j} = rd.row_{name}({view}[blk * R // NB], C)"]
 
 
+def numba_error():
+    """numba.core.errors.NumbaError (Numba is loaded by then: a kernel module
+    imports it), for an ``except`` around a compiled call."""
+    from numba.core.errors import NumbaError
+    return NumbaError
+
+
 def load_kernel(source):
     """The module for ``source`` (a kernel's or a scan loop's): from memory, else
     run from ``source`` with its file in the cache folder beside it for Numba's

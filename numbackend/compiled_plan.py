@@ -16,10 +16,7 @@ import re
 import warnings
 import weakref
 
-import numba
 import numpy as np
-
-from jit_kernels import blas
 
 from . import codegen, graph, program
 
@@ -111,6 +108,7 @@ class Render:
 def render(program_, packable=(), sliced=None, whole_call=False):
     """The program's steps as a :class:`Render`, or None where a step has no
     compiled form (or NumPy's BLAS is not one jit_kernels.blas can call)."""
+    from jit_kernels import blas  # loads NumPy's BLAS and Numba: not at import
     if not blas.AVAILABLE:
         return None
     out = Render(program_, packable, sliced, whole_call)
@@ -193,7 +191,7 @@ class Call:
                 return self._function(*arrays, read[2])
             finally:
                 self.lock.release()
-        except numba.core.errors.NumbaError as exc:
+        except codegen.numba_error() as exc:
             warnings.warn("function: the plan did not compile as one call, so it runs from "
                           f"Python ({type(exc).__name__}: {str(exc)[:200]})", stacklevel=3)
             self._compiles = False
@@ -238,6 +236,7 @@ class _Held:
 
 def compile_call(program_):
     """The program as one :class:`Call`, or None where a step has no compiled form."""
+    from jit_kernels import blas
     rendered = render(program_, whole_call=True)
     if rendered is None or any(p.ndim == 0 for p in program_.placeholders) or any(
             t.ndim == 0 for t in program_.targets):

@@ -19,10 +19,7 @@ thread (jit_kernels/blas.py).
 """
 import warnings
 
-import numba
 import numpy as np
-
-from jit_kernels import blas
 
 from . import codegen, compiled_plan, program
 from .graph import toposort
@@ -93,7 +90,7 @@ class Loop:
                                         for arrays in (seqs, states, invariants))
             return self._run_rows(first, steps, reverse, 0, _ALL_ROWS, seqs, states, invariants,
                                   stacked, 1)
-        except numba.core.errors.NumbaError as exc:
+        except codegen.numba_error() as exc:
             warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
                           f"step at a time from Python ({type(exc).__name__}: {str(exc)[:200]})",
                           stacklevel=4)
@@ -117,6 +114,7 @@ class Loop:
         if self.row_aligned is None:
             return None
         rows = (states[0] if states else seqs[0][0]).shape[0]
+        from jit_kernels import blas
         parts = min(blas.threads(), rows // MIN_ROWS_PER_THREAD)
         elements = (sum(s.size for s in seqs) + steps * sum(s.size for s in states)
                     + steps * rows * self.product_columns)
@@ -147,6 +145,7 @@ class Loop:
                                   [v[lo:hi] if c else v for c, v in zip(split, invariants)],
                                   stacked, len(bounds) - 1)
 
+        from jit_kernels import blas
         parts = blas.run_parts(len(bounds) - 1, run_part)
         return tuple(np.concatenate(finals) for finals in zip(*parts))
 

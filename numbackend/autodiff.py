@@ -1,6 +1,6 @@
 """Reverse-mode differentiation over the graph.
 
-Each op's gradient rule lives with the op (ops.py); this module walks the
+Each op's gradient rule lives with the op (the ops package); this module walks the
 graph from the loss back to the variables, applies the rules, undoes
 broadcasting (a broadcast input's gradient is summed back to its shape) and
 adds up the gradients of tensors used more than once.  The result is an

@@ -1,0 +1,56 @@
+"""The ops: every op numbackend's graphs use is defined once, in this package,
+by family: each module registers its ops in ``OPS`` when imported.
+
+- registry: ``Op`` (an op's kind, rules and traits), ``OPS``, ``register``,
+  ``apply`` and ``as_tensor`` (building nodes), shape and dtype helpers;
+- elementwise: the element-wise ops (one ``elementwise.elementwise`` entry each);
+- reductions: reductions with their fused forms, and ops along one axis;
+- shape, indexing: reshaping, joining, slicing and gathering;
+- linalg: dot and matmul;
+- windows, conv, pool: convolution, pooling and resizing;
+- ctc, sparse, random, passthrough: CTC, sparse tensors' parts, random draws,
+  and the ops that pass a value through.
+
+The ``scan`` op is defined with its compiled loop, in numbackend.scan.
+Nothing here imports Numba or the jit_kernels kernels until an op runs.
+"""
+# importing a family's module registers its ops in OPS
+from . import (  # noqa: F401
+    conv,
+    ctc,
+    elementwise,
+    indexing,
+    linalg,
+    passthrough,
+    pool,
+    random,
+    reductions,
+    shape,
+    sparse,
+)
+from .indexing import getitem, last_axis_window
+from .linalg import is_float_matrix_product
+from .reductions import reduction
+from .registry import (
+    OPS,
+    Op,
+    apply,
+    as_tensor,
+    broadcast_shapes,
+    contiguous,
+    float_dtype,
+    library,
+    normalize_axes,
+    normalize_axis,
+    not_differentiable,
+    promote_dtype,
+    register,
+)
+from .shape import dim_read_at_run_time, static_int, sum_to_shape
+from .windows import check_sweep
+
+__all__ = ["OPS", "Op", "apply", "as_tensor", "broadcast_shapes", "check_sweep", "contiguous",
+           "dim_read_at_run_time", "float_dtype", "getitem", "is_float_matrix_product",
+           "last_axis_window", "library", "normalize_axes", "normalize_axis",
+           "not_differentiable", "promote_dtype", "reduction", "register", "static_int",
+           "sum_to_shape"]

@@ -14,7 +14,8 @@ def elementwise(name, arity, template, impl, out="promote", grad=None, rising=()
     the output dtype, 'promote' (NumPy promotion of the operands), 'float'
     (promotion, then integers and booleans become floatx), 'bool'
     (comparisons: operands are compared in their promoted type), 'cast' (the
-    dtype attribute) or 'first' (the first operand's dtype); grad: see Op.grad;
+    dtype attribute: operands are converted to it, so the template is the
+    operand itself) or 'first' (the first operand's dtype); grad: see Op.grad;
     rising: see Op.rising.
     """
     def infer(inputs, attrs):
@@ -36,7 +37,9 @@ def elementwise(name, arity, template, impl, out="promote", grad=None, rising=()
         return promoted
 
     def compute_dtype(inputs, attrs):
-        if out in ("cast", "first"):
+        if out == "cast":
+            return attrs["dtype"]
+        if out == "first":
             return inputs[0].dtype
         promoted = promote_dtype(inputs)
         return float_dtype(promoted) if out == "float" else promoted
@@ -159,7 +162,9 @@ elementwise("cos", 1, "vm.cos_{T}({0})", np.cos, out="float",
             grad=lambda g, n: [apply("negative", apply("multiply", g, apply("sin", n.inputs[0])))])
 elementwise("round", 1, "vm.rint_{T}({0})", np.round, out="float", grad=lambda g, n: [None])
 elementwise("floor", 1, "np.floor({0})", np.floor, out="float", grad=lambda g, n: [None])
-elementwise("cast", 1, "{ot}({0})", _np_cast, out="cast",
+# the code generator converts the operand to the compute dtype, the target (to
+# bool as x != 0), as it converts any operand: the template is the operand itself
+elementwise("cast", 1, "{0}", _np_cast, out="cast",
             grad=lambda g, n: [apply("cast", g, dtype=n.inputs[0].dtype)
                                if np.dtype(n.inputs[0].dtype).kind == "f"
                                and np.dtype(n.dtype).kind == "f" else None])

@@ -1,5 +1,5 @@
-"""Reductions (fused as a kernel's last stage) and the library ops along one
-axis: argmax/argmin, cumsum/cumprod, in_top_k."""
+"""Reductions (fused as a kernel's last stage: each declares its fused form
+here) and the library ops along one axis: argmax/argmin, cumsum/cumprod, in_top_k."""
 import numpy as np
 
 from ..graph import format_shape
@@ -15,7 +15,7 @@ from .registry import (
 )
 
 
-def _reduce_infer(name, out_dtype=None):
+def _reduce_infer(name, out_dtype):
     def infer(inputs, attrs):
         (x,) = inputs
         axes = normalize_axes(name, attrs.get("axis"), x.ndim)
@@ -25,18 +25,29 @@ def _reduce_infer(name, out_dtype=None):
         shape = tuple((1 if keepdims else None) if i in axes else d for i, d in enumerate(x.shape))
         if not keepdims:
             shape = tuple(d for i, d in enumerate(x.shape) if i not in axes)
-        dtype = out_dtype(x.dtype) if out_dtype else x.dtype
-        return shape, dtype
+        return shape, out_dtype(x.dtype)
     return infer
 
 
-def reduction(name, impl, init, combine, out_dtype=None, grad=None):
-    """A reduction over ``axis`` (tuple) with ``keepdims``; init/combine are the
-    accumulator's scalar code for the fused kernel (``acc``, ``x``)."""
+def reduction(name, impl, row, fold=None, out_dtype=None, compute_dtype=None, grad=None):
+    """Define a reduction over ``axis`` (a tuple) with ``keepdims``.
+
+    Its fused form, inlined by the code generator into the kernel that computes
+    its operand: ``row``, the scalar code reducing the first ``{n}`` elements of
+    the 1-D row ``{row}`` (``rd`` is jit_kernels.reduce); ``fold``, for a
+    reduction exact in any order and grouping (max, min), the code combining an
+    accumulator ``{acc}`` with one more element ``{x}``, which lets a kernel fold
+    a row's reduction into a loop of its own.  ``out_dtype`` maps the operand's
+    dtype to the result's (default: the same); ``compute_dtype`` to the dtype the
+    operand is converted to before it is reduced (default: the result's)."""
+    out_dtype = out_dtype or (lambda dtype: dtype)
+    compute_dtype = compute_dtype or out_dtype
+
     def run(x, axis, keepdims):
         return np.asarray(impl(x, axis=axis, keepdims=keepdims))
     return register(Op(name, "reduce", _reduce_infer(name, out_dtype), run, grad=grad,
-                       reduce_init=init, reduce_combine=combine))
+                       reduce_row=row, reduce_fold=fold,
+                       compute_dtype=lambda inputs, attrs: compute_dtype(inputs[0].dtype)))
 
 
 def _sum_dtype(dtype):
@@ -86,16 +97,17 @@ def _grad_prod(g, n):
     return [apply("multiply", _keep(g, n), apply("divide", red, x))]
 
 
-reduction("sum", np.sum, "0", "acc + x", grad=_grad_sum,
-          out_dtype=_sum_dtype)
-reduction("prod", np.prod, "1", "acc * x", grad=_grad_prod, out_dtype=_sum_dtype)
-reduction("max", np.max, "-np.inf", "x if (x > acc or x != x) else acc", grad=_grad_extreme)
-reduction("min", np.min, "np.inf", "x if (x < acc or x != x) else acc", grad=_grad_extreme)
-reduction("mean", np.mean, "0", "acc + x", grad=_grad_mean,
-          out_dtype=float_dtype)
-reduction("any", np.any, "False", "acc or (x != 0)", out_dtype=lambda d: "bool",
+reduction("sum", np.sum, "rd.row_sum({row}, {n})", out_dtype=_sum_dtype, grad=_grad_sum)
+reduction("prod", np.prod, "rd.row_prod({row}, {n})", out_dtype=_sum_dtype, grad=_grad_prod)
+reduction("max", np.max, "rd.row_max({row}, {n})", fold="rd.maximum({acc}, {x})",
+          grad=_grad_extreme)
+reduction("min", np.min, "rd.row_min({row}, {n})", fold="rd.minimum({acc}, {x})",
+          grad=_grad_extreme)
+reduction("mean", np.mean, "rd.row_sum({row}, {n}) / {n}", out_dtype=float_dtype,
+          grad=_grad_mean)
+reduction("any", np.any, "rd.row_any({row}, {n})", out_dtype=lambda dtype: "bool",
           grad=lambda g, n: [None])
-reduction("all", np.all, "True", "acc and (x != 0)", out_dtype=lambda d: "bool",
+reduction("all", np.all, "rd.row_all({row}, {n})", out_dtype=lambda dtype: "bool",
           grad=lambda g, n: [None])
 
 

@@ -11,8 +11,12 @@ An ``Op`` carries
   ops, constant folding and the interpreter fallback);
 - ``template``: for an element-wise op, the scalar expression the code
   generator inlines (``{0}``, ``{1}`` are operands already cast to the op's
-  compute dtype; ``{T}`` is 'f32'/'f64'; ``{ct}``/``{ot}`` name the compute
-  and output scalar types);
+  compute dtype; ``{T}`` is 'f32'/'f64'; ``{ct}`` names the compute scalar
+  type, e.g. ``np.float32``);
+- ``reduce_row`` and ``reduce_fold``: for a reduction, its fused form (see
+  ``reductions.reduction``);
+- ``compute_dtype(inputs, attrs)``: for an element-wise op or a reduction, the
+  dtype its operands are cast to before it computes;
 - ``grad(g, node) -> [gradient per input]``: the reverse-mode rule, built
   from graph ops (used by autodiff).
 """
@@ -29,8 +33,8 @@ OPS = {}
 class Op:
     """One op: its kind, rules and traits (see the module docstring)."""
 
-    def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_init=None,
-                 reduce_combine=None, compute_dtype=None, stateful=False, multi_output=False,
+    def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_row=None,
+                 reduce_fold=None, compute_dtype=None, stateful=False, multi_output=False,
                  computed_by=None, epilogue=False, pools=False, grad_takes_wanted=False, rising=()):
         self.name = name
         self.kind = kind
@@ -41,8 +45,8 @@ class Op:
         # grad also takes wanted=[whether each input's gradient is needed], and
         # may skip the work of those that are not
         self.grad_takes_wanted = grad_takes_wanted
-        self.reduce_init = reduce_init
-        self.reduce_combine = reduce_combine
+        self.reduce_row = reduce_row
+        self.reduce_fold = reduce_fold
         self.compute_dtype = compute_dtype
         self.stateful = stateful  # draws random numbers: never folded or merged
         # its value is a tuple of arrays, read by 'tuple_item' nodes; never folded

@@ -11,6 +11,8 @@ CONV_PADDINGS = ("valid", "same", "causal")
 
 
 def spatial_tuple(where, what, value, rank):
+    """``value`` (an int, or one int per spatial axis) as a tuple of ``rank``
+    positive ints; raises naming ``where`` and ``what`` otherwise."""
     if isinstance(value, (int, np.integer)):
         value = (int(value),) * rank
     value = tuple(int(v) for v in value)
@@ -37,6 +39,8 @@ def window_out(where, size, kernel, stride, dilation, padding, x_shape):
 
 
 def window_attrs(where, attrs, rank, paddings=CONV_PADDINGS):
+    """Check ``attrs``' padding (one of ``paddings``) and set its strides and
+    dilation to tuples of ``rank`` ints (both may not exceed 1)."""
     if attrs.get("padding") not in paddings:
         raise ValueError(f"{where}: padding must be one of {paddings}, got {attrs.get('padding')!r}")
     attrs["strides"] = spatial_tuple(where, "strides", attrs.get("strides", 1), rank)
@@ -47,11 +51,14 @@ def window_attrs(where, attrs, rank, paddings=CONV_PADDINGS):
 
 
 def sweep_shape(where, x, kernel, attrs):
+    """The spatial output shape of sliding ``kernel`` over ``x`` (a tensor or a
+    ShapeOnly) with ``attrs``' strides, padding and dilation."""
     return tuple(window_out(where, s, k, st, d, attrs["padding"], x.shape)
                  for s, k, st, d in zip(x.shape[1:-1], kernel, attrs["strides"], attrs["dilation"]))
 
 
 def conv_dtype(inputs):
+    """The dtype a convolution, pooling or resizing of ``inputs`` computes in."""
     return float_dtype(promote_dtype(inputs))
 
 

@@ -1,6 +1,6 @@
 """Reverse-mode differentiation over the graph.
 
-Each op's gradient rule lives with the op (ops.py); this module walks the
+Each op's gradient rule lives with the op (the ops package); this module walks the
 graph from the loss back to the variables, applies the rules, undoes
 broadcasting (a broadcast input's gradient is summed back to its shape) and
 adds up the gradients of tensors used more than once.  The result is an
@@ -13,11 +13,7 @@ import itertools
 import numpy as np
 
 from .graph import Constant, SparseTensor, Tensor, toposort
-from .ops import OPS, apply, as_tensor, last_axis_window
-
-
-def is_float(t):
-    return np.dtype(t.dtype).kind == "f"
+from .ops import OPS, apply, as_tensor, is_float, last_axis_window
 
 
 def gradients(loss, variables):
@@ -62,10 +58,12 @@ def gradients(loss, variables):
         if op.grad is None:
             _refuse_missing_gradient(node, relevant)
             continue  # only non-float inputs lead to the variables: nothing to add
+        options = {}
         if op.grad_takes_wanted:
-            input_grads = op.grad(g, node, wanted=[i.id in relevant for i in node.inputs])
-        else:
-            input_grads = op.grad(g, node)
+            options["wanted"] = [i.id in relevant for i in node.inputs]
+        if op.grad_differentiates:
+            options["gradients"] = gradients
+        input_grads = op.grad(g, node, **options)
         for inp, gi in zip(node.inputs, input_grads):
             if gi is None or inp.id not in relevant:
                 continue

@@ -40,7 +40,7 @@ import types
 import warnings
 import weakref
 
-from . import ops as _ops
+from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
@@ -198,20 +198,17 @@ def _load_expr(spec, i, idx_row, idx_col, flat_idx):
 
 def _node_expr(spec, j, operand_exprs):
     name, _, refs, ct, ot = spec.nodes[j]
-    op = _ops.OPS[name]
     casted = []
     for ref, expr in zip(refs, operand_exprs):
         dt = spec.inputs[ref[1]][2] if ref[0] == "in" else spec.nodes[ref[1]][4]
         casted.append(expr if dt == ct else (f"({expr} != 0)" if ct == "bool" else f"{scalar_type(ct)}({expr})"))
-    if name == "cast" and ot == "bool":
-        return f"({casted[0]} != 0)"
-    return op.template.format(*casted, T=_SUFFIX.get(ct, "f64"), ct=scalar_type(ct), ot=scalar_type(ot))
+    return OPS[name].template.format(*casted, T=_SUFFIX.get(ct, "f64"), ct=scalar_type(ct), ot=scalar_type(ot))
 
 
 def work_per_element(spec):
     """The kernel's work per element in units of a cheap element-wise operation
     (about 0.2 ns); a vmath function (exp, tanh...) counts three."""
-    calls = sum("vm." in (_ops.OPS[node[0]].template or "") for node in spec.nodes)
+    calls = sum("vm." in (OPS[node[0]].template or "") for node in spec.nodes)
     return 1 + 3 * calls
 
 
@@ -454,15 +451,18 @@ def _emit_rows(spec, lines):
     loops = []     # (first, end) body lines of each loop over the row's columns
     reduced = {}   # member -> per-row scalar name
     buffered = {}  # member -> row buffer name
-    extremum = None  # (member, input view) when the row starts with max/min of an input row
-    reduce_members = [j for j, n in enumerate(spec.nodes) if _ops.OPS[n[0]].kind == "reduce"]
+    # (member, input view) when the row starts with a reduction of an input row that
+    # has a fold (max, min: see ops.reductions.reduction)
+    folded = None
+    reduce_members = [j for j, n in enumerate(spec.nodes) if OPS[n[0]].kind == "reduce"]
     for j in reduce_members:
         name, _, refs, ct, ot = spec.nodes[j]
+        op = OPS[name]
         (ref,) = refs
         if ref[0] == "in" and spec.inputs[ref[1]][0] == "F" and spec.inputs[ref[1]][2] == ct:
             row = f"v{ref[1]}[r]"
-            if not body and name in ("max", "min"):
-                extremum = (j, f"v{ref[1]}")
+            if not body and op.reduce_fold is not None:
+                folded = (j, f"v{ref[1]}")
         elif ref[0] == "node" and ref[1] in buffered and spec.nodes[ref[1]][4] == ct:
             row = buffered[ref[1]]
         else:
@@ -483,10 +483,7 @@ def _emit_rows(spec, lines):
             row = buf
             if ref[0] == "node" and src_dtype == ct:
                 buffered[ref[1]] = buf
-        value = f"rd.row_{'sum' if name == 'mean' else name}({row}, C)"
-        if name == "mean":
-            value = f"{value} / C"
-        emit(f"r{j} = {scalar_type(ot)}({value})")
+        emit(f"r{j} = {scalar_type(ot)}({op.reduce_row.format(row=row, n='C')})")
         reduced[j] = f"r{j}"
     full = [(o, j) for o, (j, kind, _) in enumerate(spec.outputs) if kind == "full"]
     if full:
@@ -515,8 +512,8 @@ def _emit_rows(spec, lines):
         output_row = f"b{buffers[0][0]} = o{full[0][0]}[r]"
         buffers = []
     prologue = []
-    if extremum is not None and loops:
-        prologue = _fold_next_row_extremum(spec, *extremum, loops[0], body)
+    if folded is not None and loops:
+        prologue = _fold_next_row_reduction(spec, *folded, loops[0], body)
     lines.append(f"NB = min(R, {_ROW_BLOCKS})")
     lines.append("for blk in PRANGE(NB):")
     lines.extend(f"    b{j} = s{j}[blk]" for j, _ in buffers)
@@ -528,24 +525,24 @@ def _emit_rows(spec, lines):
     return buffers
 
 
-def _fold_next_row_extremum(spec, j, view, loop, body):
-    """The row starts with ``r{j}``, the max (or min) of the input row ``view[r]``, and
-    later loops over the row (``loop``: its first and end lines in ``body``).  Take
-    the next row's max in that loop instead: its loads then overlap the loop's
-    arithmetic rather than being a pass of their own (softmax: 12% faster), and the
-    result is the same, max being exact.  Rewrites ``body``; returns the block
-    prologue, the max of the block's first row."""
-    name, ot = spec.nodes[j][0], spec.nodes[j][4]
+def _fold_next_row_reduction(spec, j, view, loop, body):
+    """The row starts with ``r{j}``, a reduction with a fold (max, min) of the input
+    row ``view[r]``, and later loops over the row (``loop``: its first and end
+    lines in ``body``).  Reduce the next row in that loop instead, one fold per
+    element: its loads then overlap the loop's arithmetic rather than being a pass
+    of their own, and the result is the same, the fold being exact in any order.
+    Rewrites ``body``; returns the block prologue, the reduction of the block's
+    first row."""
+    op, ot = OPS[spec.nodes[j][0]], spec.nodes[j][4]
     first, end = loop
-    fold = "maximum" if name == "max" else "minimum"
     body[end:end] = [f"n{j} = m{j}"]
-    body.insert(first + 1, f"    m{j} = rd.{fold}(m{j}, {view}[rn, c])")
+    body.insert(first + 1, f"    m{j} = {op.reduce_fold.format(acc=f'm{j}', x=f'{view}[rn, c]')}")
     # the next row (the last row re-reads itself); its first element starts the fold,
     # or the empty row's identity when C == 0
     body[first:first] = ["rn = r + 1 if r + 1 < R else r",
-                         f"m{j} = rd.row_{name}({view}[rn], min(C, 1))"]
+                         f"m{j} = {op.reduce_row.format(row=f'{view}[rn]', n='min(C, 1)')}"]
     body[0] = f"r{j} = {scalar_type(ot)}(n{j})"
-    return [f"n{j} = rd.row_{name}({view}[blk * R // NB], C)"]
+    return [f"n{j} = {op.reduce_row.format(row=f'{view}[blk * R // NB]', n='C')}"]
 
 
 def numba_error():

@@ -1,6 +1,6 @@
 """CTC (connectionist temporal classification): Keras 2.2.5's ``ctc_batch_cost``,
 ``ctc_decode`` and ``ctc_label_dense_to_sparse``, on the kernels of
-``jit_kernels.ctc`` (the op definitions are in ops.py).
+``jit_kernels.ctc`` (the op definitions are in ops/ctc.py).
 
 As in Keras's TensorFlow backend, ``y_pred`` is a softmax output
 (samples, time, classes) with the blank as the LAST class, and the CTC ops

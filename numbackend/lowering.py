@@ -207,7 +207,13 @@ class _ProductByWeights:
 
 class Conv(Lowering):
     """A convolution: jit_kernels.conv chooses its algorithm (forward_path,
-    the one place).  It takes an epilogue and pools a 2-D result itself."""
+    the one place).  It takes an epilogue and pools a 2-D result itself: the
+    op's impl takes ``epilogue=f``, ``f(block, out)`` called with each block
+    of the result's rows, (rows, last axis), as it is computed, writing their
+    final values into ``out``; and ``pool='max' | 'avg'``, returning its
+    result (after the epilogue) pooled over 2x2 windows with stride 2,
+    'valid', block by block; with ``pool_first=True`` the epilogue runs on
+    the pooled values instead (where partition.rises_with says they commute)."""
 
     takes_epilogue = True
     pools = True

@@ -252,11 +252,7 @@ def kernel_spec(g, inputs, members, split, patterns, flat, windows, on_rows=Fals
     for m in g.members:
         refs = [("node", members[i.id]) if i.id in members else ("in", index_of(inputs, i))
                 for i in m.inputs]
-        op = OPS[m.op]
-        if op.kind == "reduce":
-            ct = "bool" if m.op in ("any", "all") else m.dtype
-        else:
-            ct = op.compute_dtype(m.inputs, m.attrs)
+        ct = OPS[m.op].compute_dtype(m.inputs, m.attrs)
         spec_nodes.append((m.op, m.attrs, refs, ct, m.dtype))
     spec_outputs = []
     for out in g.outputs:

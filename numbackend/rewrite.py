@@ -2,45 +2,14 @@
 sub-expressions merged, constants folded, products with slices of one matrix
 merged, results shared with multi-output ops, unread scan histories dropped,
 a switch on a constant replaced by its branch."""
-import itertools
 
 from .evaluator import evaluate
 from .graph import Constant, Tensor, substitute, toposort
-from .ops import OPS, last_axis_window
+from .ops import OPS, merge_sibling_dots
 
 
 def _attrs_key(attrs):
     return repr(sorted(attrs.items()))
-
-
-def merge_sibling_dots(targets):
-    """Products of one left operand with column slices of one matrix that together
-    cover it (Keras's per-gate kernels) become one product with the whole
-    matrix, sliced afterwards: one larger BLAS call instead of several small ones."""
-    groups = {}
-    for node in toposort(targets):
-        if node.op != "dot" or node.attrs.get("transpose_a") or node.attrs.get("transpose_b"):
-            continue
-        right = node.inputs[1]
-        if right.op != "getitem" or right.ndim != 2 or right.inputs[0].ndim != 2:
-            continue
-        base = right.inputs[0]
-        window = last_axis_window(right.attrs["key"], base.shape)
-        if window is not None:
-            groups.setdefault((node.inputs[0].id, base.id), []).append((*window, node))
-    replacements = {}
-    for members in groups.values():
-        spans = sorted({(start, stop) for start, stop, _ in members})
-        left, base = members[0][2].inputs[0], members[0][2].inputs[1].inputs[0]
-        if (len(spans) < 2 or spans[0][0] != 0 or spans[-1][1] != base.shape[1]
-                or any(a[1] != b[0] for a, b in itertools.pairwise(spans))):
-            continue
-        whole = Tensor("dot", (left, base), {}, *OPS["dot"].infer([left, base], {}))
-        for start, stop, node in members:
-            replacements[node.id] = Tensor(
-                "getitem", (whole,), {"key": (Ellipsis, slice(start, stop))},
-                node.shape, node.dtype)
-    return substitute(targets, replacements) if replacements else list(targets)
 
 
 def read_shared_results(targets):

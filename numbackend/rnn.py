@@ -4,7 +4,7 @@ once and the loop runs as one plan step."""
 from .core import zeros_like
 from .graph import Tensor, canonical_dtype, format_shape
 from .ops import apply, as_tensor
-from .scan import scan
+from .ops.scan import scan
 
 
 def _time_major(x):

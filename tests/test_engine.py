@@ -696,3 +696,63 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
             np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert len(in_parts) == 5 and through_blas == [(5, 7), (5, 7)]
         monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+
+
+@pytest.fixture
+def registered():
+    """Ops a test defines, removed from the registry after it."""
+    names = []
+    yield names
+    for name in names:
+        ops.OPS.pop(name, None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_new_elementwise_op_is_one_entry(registered, plan_runs, dtype):
+    """One ``elementwise`` entry is all an element-wise op needs: it fuses with its
+    neighbours into one kernel, differentiates, and runs compiled, in the plan and
+    in the whole call."""
+    from numbackend.ops.elementwise import elementwise
+    registered.append("test_cube_plus_one")
+    elementwise("test_cube_plus_one", 1, "({0} * {0} * {0} + {ct}(1))", lambda x: x ** 3 + 1,
+                out="float",
+                grad=lambda g, n: [ops.apply("multiply", g, ops.apply(
+                    "multiply", ops.apply("square", n.inputs[0]), 3.0))])
+    x = K.placeholder((None, 5), dtype=dtype)
+    y = ops.apply("test_cube_plus_one", x * 2.0) - x
+    (gx,) = numbackend.gradients(numbackend.sum(y), [x])
+    f = K.function([x], [y, gx])
+    # the value and its gradient: one fused kernel
+    (step,) = f.plan.steps
+    assert step.kind == "kernel"
+    assert [n.op for n in step.nodes][:3] == ["multiply", "test_cube_plus_one", "subtract"]
+    assert "(t0 * t0 * t0 + np." in f.kernel_sources()[0]
+    runs = plan_runs(f)
+    rng = np.random.default_rng(3)
+    rtol = 1e-5 if dtype == "float32" else 1e-12
+    for batch in (3, 2):  # the plan, then the whole call
+        xv = rng.standard_normal((batch, 5)).astype(dtype)
+        value, grad = f([xv])
+        x64 = xv.astype(np.float64)
+        np.testing.assert_allclose(value, (2 * x64) ** 3 + 1 - x64, rtol=rtol, atol=rtol)
+        np.testing.assert_allclose(grad, 3 * (2 * x64) ** 2 * 2 - 1, rtol=rtol, atol=rtol)
+        assert value.dtype == grad.dtype == dtype
+    assert runs[0] == 1 and "one compiled call" in f.explain()
+
+
+def test_a_reduction_is_fused_by_its_entry(registered):
+    """The code generator reads a reduction's fused form from its entry: a new
+    reduction (the row max under another name, with its exact fold) fuses into a
+    softmax's row kernel, the fold inlined, as ``max`` does."""
+    from numbackend.ops.reductions import reduction
+    registered.append("test_row_max")
+    reduction("test_row_max", np.max, "rd.row_max({row}, {n})", fold="rd.maximum({acc}, {x})",
+              grad=lambda g, n: [None])
+    x = K.placeholder((None, 7))
+    e = ops.apply("exp", x - ops.apply("test_row_max", x, axis=-1, keepdims=True))
+    f = K.function([x], [e / ops.apply("sum", e, axis=-1, keepdims=True)])
+    (source,) = f.kernel_sources()
+    assert len(f.plan.steps) == 1 and "rd.maximum(" in source
+    v = np.random.default_rng(4).standard_normal((70, 7)).astype(np.float32) * 30
+    want = np.exp(v.astype(np.float64) - v.max(-1, keepdims=True))
+    np.testing.assert_allclose(f([v])[0], want / want.sum(-1, keepdims=True), rtol=2e-6, atol=1e-7)

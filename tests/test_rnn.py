@@ -11,8 +11,8 @@ import pytest
 import numbackend as K
 from jit_kernels import blas
 from numbackend.graph import toposort
+from numbackend.ops.scan import scan
 from numbackend.plan import BODIES
-from numbackend.scan import scan
 from tests.finite_differences import numeric_gradient
 
 RNG = np.random.default_rng(7)

@@ -21,10 +21,9 @@ recomputes each step's forward values from the stored state history.
 """
 import numpy as np
 
-from .autodiff import gradients, is_float
-from .graph import Constant, Placeholder, consumers_of, format_shape, substitute, toposort
-from .ops import OPS, apply, as_tensor, is_float_matrix_product, library
-from .rewrite import merge_sibling_dots
+from ..graph import Constant, Placeholder, consumers_of, format_shape, substitute, toposort
+from .linalg import is_float_matrix_product, merge_sibling_dots
+from .registry import OPS, apply, as_tensor, is_float, library
 
 
 class Body:
@@ -93,7 +92,7 @@ def _total(products):
     return total
 
 
-def _scan_grad(grads, node, wanted):
+def _scan_grad(grads, node, wanted, gradients):
     """Back-propagation through time: a reverse scan over the step's VJP.  The
     gradients of the sequences that are not ``wanted`` are left out: an RNN's
     input placeholder would cost a product per step (its step's products by the
@@ -212,7 +211,8 @@ def _summable_after(use, ph):
             and (left if right is ph else right).shape == use.shape)
 
 
-library("scan", _scan_infer, None, grad=_scan_grad, multi_output=True, grad_takes_wanted=True)
+library("scan", _scan_infer, None, grad=_scan_grad, multi_output=True, grad_takes_wanted=True,
+        grad_differentiates=True)
 
 
 # ---------------------------------------------------------------------------

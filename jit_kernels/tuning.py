@@ -29,10 +29,11 @@ every call.
 This module imports nothing of NumPy or Numba: importing numbackend reads it.
 """
 import contextlib
+import numbers
 import os
 import threading
 
-__all__ = ["Entry", "compiled_values", "entries", "override"]
+__all__ = ["Entry", "compiled_values", "entries", "override", "pins"]
 
 
 class Entry:
@@ -75,18 +76,44 @@ def _parse(name, text):
 
 
 def _check(entry, value):
-    if entry.choices is not None and value not in entry.choices:
-        raise ValueError(f"tuning: {entry.name} must be one of {entry.choices!r}, got {value!r}")
+    """``value`` where ``entry`` may take it: one of its choices, else a value of
+    its default's kind (a number for a number, an int for an int, a word for a
+    word); anything where the default is None and there are no choices."""
+    if entry.choices is not None:
+        if value not in entry.choices:
+            raise ValueError(f"tuning: {entry.name} must be one of {entry.choices!r}, "
+                             f"got {value!r}")
+        return value
+    default = entry.default
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        kind, fits = "bool", isinstance(value, bool)
+    elif isinstance(default, numbers.Integral):
+        kind, fits = "whole number", isinstance(value, numbers.Integral)
+    elif isinstance(default, numbers.Real):
+        kind, fits = "number", isinstance(value, numbers.Real)
+    else:
+        kind, fits = type(default).__name__, isinstance(value, type(default))
+    if not fits or (isinstance(value, bool) and kind != "bool"):
+        raise ValueError(f"tuning: {entry.name} takes a {kind} ({entry.unit}), got {value!r}")
     return value
 
 
 def _define(name, default, unit, source, why, compiled=False, decides=None, choices=None):
     """Register an entry and set ``name`` in this module to its value: the
     environment's ``NUMBACKEND_TUNE_<NAME>`` where set, else ``default``."""
+    if name in _ENTRIES:
+        raise ValueError(f"tuning: {name} is defined twice")
     entry = Entry(name, default, unit, source, why, compiled, decides, choices)
     _ENTRIES[name] = entry
     text = os.environ.get(f"NUMBACKEND_TUNE_{name}")
-    value = default if text is None else _check(entry, _parse(name, text))
+    value = default
+    if text is not None:
+        try:
+            value = _check(entry, _parse(name, text))
+        except ValueError as error:
+            raise ValueError(f"{error} (from NUMBACKEND_TUNE_{name}={text!r})") from None
     globals()[name] = value
     return value
 
@@ -94,6 +121,13 @@ def _define(name, default, unit, source, why, compiled=False, decides=None, choi
 def entries():
     """Every entry, in the order defined."""
     return list(_ENTRIES.values())
+
+
+def pins():
+    """The entries that fix a decision made by how a function has been called
+    (how often, how fast) rather than by shapes alone: those with a
+    ``decides``."""
+    return [entry for entry in _ENTRIES.values() if entry.decides]
 
 
 def compiled_values():

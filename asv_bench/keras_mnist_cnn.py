@@ -70,7 +70,7 @@ def first_calls(which, batch):
     function ('kstar'); 'one_call' is the slowest of the calls up to the one
     that compiles the plan as one call."""
     import numbackend as K
-    from numbackend import compiler
+    from numbackend import tuning
     keras = import_keras()
     weights, x = cnn_weights(), cnn_inputs(batch)
     if which == "keras":
@@ -83,7 +83,7 @@ def first_calls(which, batch):
         fn, build = timed(lambda: cnn_function(K, weights))
         fed = [x]
         _, first = timed(lambda: fn(fed))
-    one_call = max(timed(lambda: fn(fed))[1] for _ in range(compiler.ONE_CALL_AFTER))
+    one_call = max(timed(lambda: fn(fed))[1] for _ in range(tuning.ONE_CALL_AFTER))
     return {"build": build, "first": first, "one_call": one_call, "compiled": bool(fn._one_call)}
 
 
@@ -122,7 +122,7 @@ def main():
     print(f"import keras + numbackend: {time.perf_counter() - start:.2f} s")
 
     import numbackend as K
-    from numbackend import compiler
+    from numbackend import tuning
 
     weights = cnn_weights()
     x = cnn_inputs(args.batch)
@@ -135,7 +135,7 @@ def main():
     print(f"outputs: max |Keras - K.*| = {difference:.3g} "
           f"({'identical' if difference == 0 else 'differ'})")
     np.testing.assert_allclose(keras_out, kstar_out, rtol=1e-5, atol=1e-7)
-    for _ in range(compiler.ONE_CALL_AFTER):
+    for _ in range(tuning.ONE_CALL_AFTER):
         predict_function(fed), fn([x])
     print(f"one compiled call: Keras {bool(predict_function._one_call)}, K.* {bool(fn._one_call)}")
     print("Keras predict plan:\n" + K.explain(predict_function))

@@ -24,7 +24,7 @@ import numpy as np
 
 from jit_kernels import blas
 
-from . import codegen, graph
+from . import codegen, graph, tuning
 from .ops import is_float_matrix_product
 
 # of float32 or float64 matrices; the second with its right operand packed
@@ -156,10 +156,10 @@ def _weights_product_lines(node, ins, out, weights, constants, arguments):
     the panels 0.8 us."""
     from jit_kernels import packed, parts
 
-    from .compiler import PACKED_WEIGHTS_MAX_ROWS, PACKED_WEIGHTS_MIN_ITEMS, _multiplies_weights
+    from .compiler import _multiplies_weights
     if weights is None or not _multiplies_weights(node) or not compiles_product(node):
         return None
-    in_parts = math.prod(weights.shape) >= PACKED_WEIGHTS_MIN_ITEMS
+    in_parts = math.prod(weights.shape) >= tuning.PACKED_WEIGHTS_MIN_ITEMS
     if in_parts and not parts.pool_from_compiled():
         return None
     k = len(arguments)
@@ -170,7 +170,7 @@ def _weights_product_lines(node, ins, out, weights, constants, arguments):
     else:
         product = f"packed.matmul_packed({ins[0]}, weights_panels{k}, {out})"
     return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
-            f"if {ins[0]}.shape[0] <= {PACKED_WEIGHTS_MAX_ROWS}:",
+            f"if {ins[0]}.shape[0] <= {tuning.PACKED_WEIGHTS_MAX_ROWS}:",
             f"    {product}",
             "else:",
             f"    {_PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]

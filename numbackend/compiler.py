@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 
-from . import codegen
+from . import codegen, tuning
 from .graph import (
     Constant,
     Placeholder,
@@ -29,22 +29,7 @@ from .graph import (
 )
 from .ops import OPS, is_float_matrix_product, last_axis_window
 
-# Groups whose domain is known to be this small are evaluated with NumPy: no compile.
-NUMPY_MAX_SIZE = 16
-# Groups of one value per sample (domain (None,), (None, 1)...: a loss's per-sample
-# tail, row statistics after a reduction) run with NumPy up to this many samples and
-# compile their kernel only when called with more: a compile costs about 0.3 s, and
-# the W7 training step had four such kernels for batches of 128.
-NUMPY_MAX_SAMPLES = 4096
 LEAVES = ("placeholder", "variable", "constant")
-# A function called this many times with inputs of at most ONE_CALL_MAX_ELEMENTS
-# elements in all gets its plan compiled as one call (compiled_plan.py), where
-# the plan allows: that saves the interpreter's microseconds per step, which a
-# small batch's run is mostly made of, and costs a compilation that functions
-# called a few times (most of a test suite's) never pay.  Larger inputs keep the
-# plan, whose kernels go parallel.
-ONE_CALL_AFTER = 10
-ONE_CALL_MAX_ELEMENTS = 1 << 14
 _VIEW_OPS = ("reshape", "reshape_like", "print_tensor", "reshape_dynamic", "expand_dims")
 
 
@@ -231,17 +216,6 @@ def library_call(node):
     return call
 
 
-# A product by a variable's or a constant's value (a layer's weights) with at
-# most this many rows of x runs on jit_kernels.packed's micro-kernel: at batch
-# 1 it reads the weights from memory.  Weights of this many items or more are
-# packed once per value and their panels split between BLAS's threads
-# (mnist_cnn's 1 x 9216 by 9216 x 128: 212 -> 143 us in the model); smaller
-# ones are read in place on the calling thread (its 1 x 128 by 128 x 10: 15 ->
-# 8 us, OpenBLAS's call costing more than the product).  With more rows,
-# BLAS's own blocking wins.
-PACKED_WEIGHTS_MAX_ROWS = 4
-PACKED_WEIGHTS_MIN_ITEMS = 1 << 16
-
 
 def _multiplies_weights(node):
     """Whether ``node`` is a product of a matrix by a variable's or a constant's
@@ -271,13 +245,13 @@ class _ProductByWeights:
         self.packing = None  # (weak reference to the value packed, its panels)
 
     def __call__(self, x, w):
-        if (x.shape[0] > PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype or w.dtype != self.dtype
+        if (x.shape[0] > tuning.PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype or w.dtype != self.dtype
                 or x.shape[1] != w.shape[0] or not x.flags.c_contiguous or not w.flags.c_contiguous):
             return self.fallback(x, w)
         if self.packed is None:
             from jit_kernels import packed
             self.packed = packed
-        small = w.size < PACKED_WEIGHTS_MIN_ITEMS
+        small = w.size < tuning.PACKED_WEIGHTS_MIN_ITEMS
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         if small:
             self.packed.matmul(x, w, out)
@@ -718,7 +692,7 @@ class Plan:
             call_args = self._call_args(kernel_args, patterns, inputs, ns, new_name)
             self.program.append(("kernel", spec, call_args, out_names))
         size = g.known_size()
-        if not fusible or (size is not None and size <= NUMPY_MAX_SIZE):
+        if not fusible or (size is not None and size <= tuning.NUMPY_MAX_SIZE):
             lines.append(f"{targets} = {fallback}({', '.join(in_names)})")
             self.steps.append(Step("numpy", "numpy", list(g.members), list(g.outputs)))
             return
@@ -746,7 +720,7 @@ class Plan:
         if g.per_sample():
             kind = "numpy|kernel"
             size_expr = _size_expr(kernel_args, patterns, windows)
-            block = [f"if {size_expr} <= {NUMPY_MAX_SAMPLES}:",
+            block = [f"if {size_expr} <= {tuning.NUMPY_MAX_SAMPLES}:",
                      f"    {targets} = {fallback}({', '.join(in_names)})",
                      "else:"] + ["    " + line for line in block]
         lines.extend(block)
@@ -1183,7 +1157,7 @@ class _PlanRunner:
             size = 0
             for a in arrays:
                 size += a.size
-            if size <= ONE_CALL_MAX_ELEMENTS:
+            if size <= tuning.ONE_CALL_MAX_ELEMENTS:
                 results = one_call.run(*arrays) if one_call else self._count_small_call(arrays)
                 if results is not None:
                     return results
@@ -1194,7 +1168,7 @@ class _PlanRunner:
         inputs ONE_CALL_AFTER times; None where the plan runs instead (not yet
         called often enough, or not compiled)."""
         self.small_calls += 1
-        if self.small_calls < ONE_CALL_AFTER:
+        if self.small_calls < tuning.ONE_CALL_AFTER:
             return None
         from .compiled_plan import compile_call
         self.one_call = compile_call(self.plan) or False
@@ -1204,7 +1178,7 @@ class _PlanRunner:
         """The plan, one line per step."""
         text = self.plan.explain()
         if self.one_call:
-            text += (f"\n     (inputs of at most {ONE_CALL_MAX_ELEMENTS} elements: "
+            text += (f"\n     (inputs of at most {tuning.ONE_CALL_MAX_ELEMENTS} elements: "
                      "these steps run as one compiled call)")
         return text
 

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 import numbackend as K
-from numbackend import compiler
+from numbackend import tuning
 
 RNG = np.random.default_rng(7)
 
@@ -35,7 +35,7 @@ def test_an_mlp_at_batch_1_gives_the_same_bits_on_every_call():
         h = K.relu(h) if i < 2 else K.softmax(h)
     f = K.function([x], [h])
     xv = RNG.random((1, 784), dtype=np.float32)
-    outputs = _calls(f, [xv], compiler.ONE_CALL_AFTER + 3)
+    outputs = _calls(f, [xv], tuning.ONE_CALL_AFTER + 3)
     assert f._one_call, "the later calls should have run as one compiled call"
     _assert_all_equal(outputs)
     want = xv.astype(float)
@@ -74,5 +74,5 @@ def test_a_small_cnn_at_batch_1_gives_the_same_bits_on_every_call():
     h = K.relu(K.conv2d(K.relu(K.conv2d(x, k1)), k2))
     h = K.pool2d(h, (2, 2), (2, 2))
     f = K.function([x], [K.softmax(K.dot(K.batch_flatten(h), dense))])
-    outputs = _calls(f, [RNG.random((1, 28, 28, 1), dtype=np.float32)], compiler.ONE_CALL_AFTER + 3)
+    outputs = _calls(f, [RNG.random((1, 28, 28, 1), dtype=np.float32)], tuning.ONE_CALL_AFTER + 3)
     _assert_all_equal(outputs)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import numbackend
-from numbackend import codegen, compiler, ops
+from numbackend import codegen, compiler, ops, tuning
 from numbackend import core as K
 from tests.kernel_helpers import needs_blas
 
@@ -125,15 +125,15 @@ def record_loops(monkeypatch, kernel):
 
 
 def test_the_loop_is_chosen_by_the_work(monkeypatch):
-    """Cheap kernels stay serial up to PARALLEL_MIN_WORK elements; one with a vmath
-    function goes parallel from a quarter of that."""
+    """Cheap kernels stay serial up to FUSED_PARALLEL_MIN_WORK elements; one with a
+    vmath function goes parallel from a quarter of that."""
     a = K.placeholder((None,))
     cheap = K.function([a], [a * a - 3.0 * a])
     costly = K.function([a], [ops.apply("tanh", a) * 2.0])
     (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
     cheap_calls = record_loops(monkeypatch, cheap_kernel)
     costly_calls = record_loops(monkeypatch, costly_kernel)
-    for size in (codegen.PARALLEL_MIN_WORK // 2, codegen.PARALLEL_MIN_WORK + 3):
+    for size in (tuning.FUSED_PARALLEL_MIN_WORK // 2, tuning.FUSED_PARALLEL_MIN_WORK + 3):
         v = np.linspace(-5, 5, size).astype(np.float32)
         np.testing.assert_allclose(cheap([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
         np.testing.assert_allclose(costly([v])[0], np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
@@ -151,7 +151,7 @@ def test_one_value_per_sample_runs_numpy_for_small_batches(monkeypatch, shape):
     (kernel,) = f.plan.kernels
     assert "numpy|kernel" in f.explain()
     calls = record_loops(monkeypatch, kernel)
-    for size in (3, compiler.NUMPY_MAX_SAMPLES, compiler.NUMPY_MAX_SAMPLES + 1):
+    for size in (3, tuning.NUMPY_MAX_SAMPLES, tuning.NUMPY_MAX_SAMPLES + 1):
         v = np.linspace(-5, 5, size).reshape((size,) + shape[1:])
         np.testing.assert_allclose(f([v])[0], np.log(v * v + 1.0) - 0.5 * v, rtol=1e-12,
                                    atol=1e-14)
@@ -499,13 +499,13 @@ def test_last_axis_slices_are_read_in_place_by_kernels():
 
 def test_a_narrow_window_of_a_wide_array_runs_the_serial_loop(monkeypatch):
     """The loop is chosen by the elements the kernel computes (8 x 4), not by the size
-    of the array its window is read from (8 x 80000, above PARALLEL_MIN_WORK)."""
+    of the array its window is read from (8 x 80000, above FUSED_PARALLEL_MIN_WORK)."""
     x = K.placeholder((None, 80000))
     fn = K.function([x], [ops.apply("tanh", x[:, 0:4]) * 2.0])
     (kernel,) = fn.plan.kernels
     calls = record_loops(monkeypatch, kernel)
     xv = np.random.default_rng(4).standard_normal((8, 80000)).astype(np.float32)
-    assert xv.size >= codegen.PARALLEL_MIN_WORK
+    assert xv.size >= tuning.FUSED_PARALLEL_MIN_WORK
     np.testing.assert_allclose(fn([xv])[0], np.tanh(xv[:, 0:4]) * 2.0, rtol=1e-6)
     assert calls == ["kernel_ser"]
 
@@ -578,7 +578,7 @@ def test_one_call_reads_values_replaced_between_calls(plan_runs):
     x = K.placeholder((None, 6), dtype="float64")
     f = K.function([x], [numbackend.dot(x, w) * 2.0])
     runs = plan_runs(f)
-    few, many = rng.standard_normal((2, 6)), rng.standard_normal((compiler.PACKED_WEIGHTS_MAX_ROWS + 1, 6))
+    few, many = rng.standard_normal((2, 6)), rng.standard_normal((tuning.PACKED_WEIGHTS_MAX_ROWS + 1, 6))
     for _ in range(2):
         np.testing.assert_allclose(f([few])[0], 2 * few @ K.get_value(w), rtol=1e-12)
     fortran = rng.standard_normal((5, 6)).T
@@ -611,7 +611,7 @@ def test_large_inputs_run_the_plan(plan_runs):
     x = K.placeholder((None, 4), dtype="float64")
     f = K.function([x], [numbackend.dot(x, K.variable(np.eye(4), dtype="float64")) * 2.0])
     runs = plan_runs(f)
-    big = np.ones((compiler.ONE_CALL_MAX_ELEMENTS // 4 + 1, 4))
+    big = np.ones((tuning.ONE_CALL_MAX_ELEMENTS // 4 + 1, 4))
     for _ in range(3):
         np.testing.assert_array_equal(f([big])[0], 2 * big)
     assert runs[0] == 3
@@ -651,15 +651,14 @@ def test_one_call_falls_back_to_the_plan_for_what_it_refuses(plan_runs):
         f([np.ones((4, 5)), bv])
 
 
-def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
+def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned):
     """x @ w by a variable's value: from the first call (the way a product runs
     depends on the shapes alone, never on the call count) on w packed once,
     split between BLAS's threads; a value set anew is packed anew; more rows
     than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
     PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
-    monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)
-    monkeypatch.setattr(compiler, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
+    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9)  # the plan, not its one-call form
     # (only Python functions are wrapped: a compiled one read by another would
     # not compile while wrapped)
     in_parts, product = [], packed.matmul_packed_in_parts
@@ -689,9 +688,8 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert step.packing[1] is not panels[4] and in_parts == [(1, 7), (2, 7), (3, 7), (4, 7), (1, 7)]
-        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
-        for rows in (2, 5):
-            a = rng.standard_normal((rows, 7)).astype(dtype)
-            np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
+        with tuning.override(PACKED_WEIGHTS_MIN_ITEMS=7 * 37 + 1):
+            for rows in (2, 5):
+                a = rng.standard_normal((rows, 7)).astype(dtype)
+                np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert len(in_parts) == 5 and through_blas == [(5, 7), (5, 7)]
-        monkeypatch.setattr(compiler, "PACKED_WEIGHTS_MIN_ITEMS", 1)

@@ -70,7 +70,7 @@ def first_calls(which, batch):
     function ('kstar'); 'one_call' is the slowest of the calls up to the one
     that compiles the plan as one call."""
     import numbackend as K
-    from jit_kernels import tuning
+    from numbackend import tuning
     keras = import_keras()
     weights, x = cnn_weights(), cnn_inputs(batch)
     if which == "keras":
@@ -122,7 +122,7 @@ def main():
     print(f"import keras + numbackend: {time.perf_counter() - start:.2f} s")
 
     import numbackend as K
-    from jit_kernels import tuning
+    from numbackend import tuning
 
     weights = cnn_weights()
     x = cnn_inputs(args.batch)

@@ -29,10 +29,11 @@ every call.
 This module imports nothing of NumPy or Numba: importing numbackend reads it.
 """
 import contextlib
+import numbers
 import os
 import threading
 
-__all__ = ["Entry", "compiled_values", "entries", "override"]
+__all__ = ["Entry", "compiled_values", "entries", "override", "pins"]
 
 
 class Entry:
@@ -75,18 +76,44 @@ def _parse(name, text):
 
 
 def _check(entry, value):
-    if entry.choices is not None and value not in entry.choices:
-        raise ValueError(f"tuning: {entry.name} must be one of {entry.choices!r}, got {value!r}")
+    """``value`` where ``entry`` may take it: one of its choices, else a value of
+    its default's kind (a number for a number, an int for an int, a word for a
+    word); anything where the default is None and there are no choices."""
+    if entry.choices is not None:
+        if value not in entry.choices:
+            raise ValueError(f"tuning: {entry.name} must be one of {entry.choices!r}, "
+                             f"got {value!r}")
+        return value
+    default = entry.default
+    if default is None:
+        return value
+    if isinstance(default, bool):
+        kind, fits = "bool", isinstance(value, bool)
+    elif isinstance(default, numbers.Integral):
+        kind, fits = "whole number", isinstance(value, numbers.Integral)
+    elif isinstance(default, numbers.Real):
+        kind, fits = "number", isinstance(value, numbers.Real)
+    else:
+        kind, fits = type(default).__name__, isinstance(value, type(default))
+    if not fits or (isinstance(value, bool) and kind != "bool"):
+        raise ValueError(f"tuning: {entry.name} takes a {kind} ({entry.unit}), got {value!r}")
     return value
 
 
 def _define(name, default, unit, source, why, compiled=False, decides=None, choices=None):
     """Register an entry and set ``name`` in this module to its value: the
     environment's ``NUMBACKEND_TUNE_<NAME>`` where set, else ``default``."""
+    if name in _ENTRIES:
+        raise ValueError(f"tuning: {name} is defined twice")
     entry = Entry(name, default, unit, source, why, compiled, decides, choices)
     _ENTRIES[name] = entry
     text = os.environ.get(f"NUMBACKEND_TUNE_{name}")
-    value = default if text is None else _check(entry, _parse(name, text))
+    value = default
+    if text is not None:
+        try:
+            value = _check(entry, _parse(name, text))
+        except ValueError as error:
+            raise ValueError(f"{error} (from NUMBACKEND_TUNE_{name}={text!r})") from None
     globals()[name] = value
     return value
 
@@ -94,6 +121,13 @@ def _define(name, default, unit, source, why, compiled=False, decides=None, choi
 def entries():
     """Every entry, in the order defined."""
     return list(_ENTRIES.values())
+
+
+def pins():
+    """The entries that fix a decision made by how a function has been called
+    (how often, how fast) rather than by shapes alone: those with a
+    ``decides``."""
+    return [entry for entry in _ENTRIES.values() if entry.decides]
 
 
 def compiled_values():
@@ -129,10 +163,109 @@ def override(**values):
 # The entries.  Grouped by the code that reads them; each says its unit,
 # where its value comes from, and why it exists.
 
-# numbackend (placeholder entries; see the numbackend section)
-_define("NUMPY_MAX_SIZE", 16, "elements", "-", "-")
-_define("NUMPY_MAX_SAMPLES", 4096, "samples", "-", "-")
-_define("ONE_CALL_AFTER", 10, "calls", "-", "-", decides="-")
-_define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements", "-", "-")
-_define("PACKED_WEIGHTS_MAX_ROWS", 4, "rows", "-", "-")
-_define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items", "-", "-")
+# --- numbackend/codegen.py: fused element-wise kernels ----------------------
+# Read when a kernel's source is generated: the value is written into it, and
+# the source's hash keys the kernel, so a kernel generated under another value
+# is another kernel.
+
+_define("FUSED_PARALLEL_MIN_WORK", 500_000,
+        "work: elements x work per element (1 + FUSED_VMATH_CALL_WORK per vmath call)",
+        "measured on one 2-core AMD EPYC VM only: a cheap kernel (add -> maximum) alone "
+        "broke even at about 250k elements, a tanh kernel at 60k; the W7 training step "
+        "ran fastest with its 400k-element weight updates serial",
+        "A fused kernel runs its parallel loop from this much work up, its serial loop "
+        "below: waking Numba's sleeping threads costs tens of microseconds, and more "
+        "between BLAS calls, whose threads still spin and hold the cores.")
+_define("FUSED_VMATH_CALL_WORK", 3,
+        "work per element of a vmath call (exp, tanh, ...), in cheap operations",
+        "measured on one 2-core AMD EPYC VM only: a tanh kernel broke even with its "
+        "parallel loop at a quarter of the elements of a cheap one (60k against 250k)",
+        "The weight of a vmath function in a fused kernel's work per element, which "
+        "FUSED_PARALLEL_MIN_WORK is compared with.")
+_define("FUSED_ROW_BLOCKS", 64, "blocks of rows",
+        "chosen: more blocks than cores on the machines used; measured on one 2-core AMD "
+        "EPYC VM, row softmax 4096x1000: allocating the row buffers once per row instead "
+        "cost about 15%",
+        "A fused kernel with per-row buffers (a reduction's row, a softmax) runs its rows "
+        "in at most this many blocks, each allocating its buffers once; the blocks are "
+        "what its parallel loop shares between threads.")
+_define("MAX_LOADED_KERNELS", 512, "kernel modules",
+        "chosen, not measured: bounds the memory of a process that builds many different "
+        "functions, far above what one model's functions load",
+        "How many kernel modules (fused kernels, scan loops, whole calls, each with the "
+        "code Numba compiled for it) stay loaded, the least recently used dropped first; "
+        "those that live compiled functions hold stay beyond it.  The environment "
+        "variable NUMBACKEND_MAX_KERNELS, where set, takes precedence (read each time).")
+
+# --- numbackend/compiler.py: the plan -----------------------------------------
+
+_define("NUMPY_MAX_SIZE", 16, "elements (a group's domain, known before running)",
+        "chosen with the first engine, not measured: NumPy's few calls on 16 elements "
+        "cost microseconds, a kernel's compile a good part of a second",
+        "A fused group whose domain is known to be this small is evaluated with NumPy "
+        "and compiles nothing.  Read when a plan is built.")
+_define("NUMPY_MAX_SAMPLES", 4096, "samples (a group of one value per sample)",
+        "measured on one 2-core AMD EPYC VM only, W7 training step (batch 128): 8 kernels "
+        "compiled instead of 12, asv cold 5.6 -> 4.2 s, warm 0.84 -> 0.61 s; a compile "
+        "costs about 0.3 s",
+        "A group of one value per sample (a loss's per-sample tail, row statistics after "
+        "a reduction) runs with NumPy up to this many samples and compiles its kernel only "
+        "when called with more.  Read when a plan is built.")
+_define("ONE_CALL_AFTER", 10, "calls with small inputs (see ONE_CALL_MAX_ELEMENTS)",
+        "chosen, not measured: more calls than a function of a test suite usually gets",
+        "A function called this many times with small inputs gets its plan compiled as "
+        "one call (compiled_plan), where the plan allows: that saves the interpreter's "
+        "microseconds per step, which a small batch's run is mostly made of, and costs a "
+        "compile that functions called a few times never pay.",
+        decides="after how many calls with small inputs a function runs as one compiled "
+                "call instead of its plan (1: from the first call; 10**9: never)")
+_define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements, of all a call's inputs together",
+        "chosen, not measured: holds a batch-1 call of the W3 MLP and mnist_cnn "
+        "(784 inputs) and small batches of them",
+        "Calls with at most this many input elements count towards ONE_CALL_AFTER and "
+        "then run as one compiled call; larger inputs run the plan, whose kernels go "
+        "parallel.")
+_define("PACKED_WEIGHTS_MAX_ROWS", 4, "rows of the left operand",
+        "measured on one 2-core AMD EPYC VM only, mnist_cnn at batch 1: its 1x9216 by "
+        "9216x128 product 212 -> 143 us in the model; with more rows BLAS's own blocking "
+        "won",
+        "A product by a variable's or a constant's value (a layer's weights) with at most "
+        "this many rows runs on jit_kernels.packed's micro-kernel, which reads the weights "
+        "from memory once; with more, through BLAS.  Read per call by the plan and when "
+        "a whole call is generated.")
+_define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x columns)",
+        "measured on one 2-core AMD EPYC VM only, mnist_cnn and the W3 MLP at batch 1: "
+        "1x128 by 128x10 read in place 15 -> 8 us, 1x512 by 512x10 in a whole call 2.4 "
+        "us through BLAS against 0.8 us packed",
+        "Weights with at least this many items are packed once per value and their "
+        "panels split between BLAS's threads; smaller ones are read in place on the "
+        "calling thread, where a call into BLAS costs more than the product.")
+
+# --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
+
+_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 8, "rows (axis 0 of the states) per thread",
+        "chosen, not measured as a curve: handing work to another thread costs tens of "
+        "microseconds, more where it sleeps",
+        "A loop whose step keeps its rows apart is split between threads only where each "
+        "gets this many rows at least.")
+_define("SCAN_SPLIT_MIN_ELEMENTS", 1 << 19,
+        "elements: the sequences, plus per step the states and the products' results",
+        "chosen, not measured as a curve: handing work to another thread costs tens of "
+        "microseconds, more where it sleeps",
+        "A loop is split between threads only where it reads, carries and multiplies out "
+        "this many elements at least; below, it runs on the calling thread.")
+_define("SCAN_PACKED_MIN_ROWS", 2, "rows of a step's product",
+        "measured on one 2-core AMD EPYC VM only, W5 LSTM: packed beat BLAS for every "
+        "product of two rows or more measured (W5 12.7 against 17.2 ms); for one row "
+        "BLAS's gemv was as fast",
+        "A step's products by loop invariants (an RNN's recurrent weights) run on the "
+        "weights packed once per loop from this many rows up, through BLAS below.  The "
+        "choice depends on the rows alone, so every call gives the same bits.")
+_define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
+        "measured on one 2-core AMD EPYC VM only, W5 LSTM: one product over all steps was "
+        "14-17% faster over 1 to 8 rows on one thread and 20% over 16 rows split in two; "
+        "over 32 and 64 rows split in two, products per step in the loop were 12-13% faster",
+        "A step's products of sequence slices by invariants (an RNN's input projection) "
+        "run per step inside the loop, on packed weights, where the rows are split "
+        "between threads and each gets this many; else as one product over all of a "
+        "call's steps before the loop.")

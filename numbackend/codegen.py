@@ -40,30 +40,15 @@ import types
 import warnings
 import weakref
 
+from . import tuning
 from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
 CODEGEN_VERSION = 11
-# Row loops with per-row buffers run in at most this many blocks of rows, so each
-# block allocates its buffers once (an allocation per row cost about 15% of a softmax).
-_ROW_BLOCKS = 64
-# A kernel runs its parallel loop from this much work (elements times
-# work_per_element) up, its serial loop below: waking the sleeping threads
-# costs about 20 us, which a cheap loop over 250k elements just repays on 2
-# cores when alone (add -> maximum; a tanh kernel breaks even at 60k).  Between
-# BLAS calls, whose threads are still spinning, it takes more: the W7 training
-# step ran fastest with its 400k-element weight updates serial.
-PARALLEL_MIN_WORK = 500_000
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
-
-# How many kernel modules (each a fused kernel, a scan's loop or a whole call,
-# with the code Numba compiled for it) codegen keeps loaded by default, the
-# least recently used dropped first; those that compiled functions hold stay
-# loaded beyond it.  NUMBACKEND_MAX_KERNELS sets another number (see max_kernels).
-MAX_KERNELS = 512
 
 _modules = collections.OrderedDict()  # source hash -> loaded module, least recently used first
 _live = weakref.WeakValueDictionary()  # source hash -> every loaded module not yet freed
@@ -207,9 +192,10 @@ def _node_expr(spec, j, operand_exprs):
 
 def work_per_element(spec):
     """The kernel's work per element in units of a cheap element-wise operation
-    (about 0.2 ns); a vmath function (exp, tanh...) counts three."""
+    (about 0.2 ns); a vmath function (exp, tanh...) counts
+    tuning.FUSED_VMATH_CALL_WORK more."""
     calls = sum("vm." in (OPS[node[0]].template or "") for node in spec.nodes)
-    return 1 + 3 * calls
+    return 1 + tuning.FUSED_VMATH_CALL_WORK * calls
 
 
 def generate_source(spec, into=False):
@@ -351,12 +337,13 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
             args.append(f"o{o}" if s == 1 and not keepdims else f"o{o}.reshape(R)")
         outs.append(f"o{o}")
     for j, ct in buffers:
-        emit(f"s{j} = np.empty((min(R, {_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
+        emit(f"s{j} = np.empty((min(R, {tuning.FUSED_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
         args.append(f"s{j}")
     if serial:
         emit(f"kernel_ser({', '.join(args)})")
     else:
-        emit(f"if R * C * {work_per_element(spec)} >= {PARALLEL_MIN_WORK} and parallel_ok():")
+        work = f"R * C * {work_per_element(spec)}"
+        emit(f"if {work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok():")
         emit(f"    kernel_par({', '.join(args)})")
         emit("else:")
         emit(f"    kernel_ser({', '.join(args)})")
@@ -514,7 +501,7 @@ def _emit_rows(spec, lines):
     prologue = []
     if folded is not None and loops:
         prologue = _fold_next_row_reduction(spec, *folded, loops[0], body)
-    lines.append(f"NB = min(R, {_ROW_BLOCKS})")
+    lines.append(f"NB = min(R, {tuning.FUSED_ROW_BLOCKS})")
     lines.append("for blk in PRANGE(NB):")
     lines.extend(f"    b{j} = s{j}[blk]" for j, _ in buffers)
     lines.extend("    " + line for line in prologue)
@@ -644,11 +631,11 @@ def loaded_kernel(key):
 
 
 def max_kernels():
-    """How many kernel modules codegen keeps loaded (see MAX_KERNELS):
-    NUMBACKEND_MAX_KERNELS where set (a positive integer), else MAX_KERNELS."""
+    """How many kernel modules codegen keeps loaded: NUMBACKEND_MAX_KERNELS where
+    set (a positive integer), else tuning.MAX_LOADED_KERNELS."""
     value = os.environ.get("NUMBACKEND_MAX_KERNELS", "").strip()
     if not value:
-        return MAX_KERNELS
+        return tuning.MAX_LOADED_KERNELS
     try:
         count = int(value)
     except ValueError:

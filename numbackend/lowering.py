@@ -103,7 +103,7 @@ class Dot(Lowering):
     is_product = True
 
     def plan_callable(self, node, bodies=None):
-        return _ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
+        return ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
 
     def compiled_lines(self, node, ins, out, render):
         if not (_blas().AVAILABLE and is_float_matrix_product(node)):
@@ -174,7 +174,7 @@ def _panels(weights):
     return packed.pack(weights, False)
 
 
-class _ProductByWeights:
+class ProductByWeights:
     """The plan's ``x @ w`` for a product by weights (see :class:`Dot`); a
     variable's value is replaced, never written in place (Variable.assign and
     the updates store new arrays), so panels packed for one value serve

@@ -21,36 +21,12 @@ import warnings
 
 import numpy as np
 
-from . import codegen, compiled_plan, program
+from . import codegen, compiled_plan, program, tuning
 from .graph import toposort
 from .ops import OPS
 
-# The rows are split where each thread gets this many at least, and the loop
-# reads, carries and multiplies out this many elements at least (the
-# sequences, plus the states and the products' results once per step): below,
-# handing work to another thread (tens of microseconds, more where it sleeps)
-# costs more than it saves.
-MIN_ROWS_PER_THREAD = 8
-MIN_SPLIT_ELEMENTS = 1 << 19
 # The rows lo:hi of an unsplit loop: all of them.
 _ALL_ROWS = np.iinfo(np.int64).max
-# A step's products by invariants (an RNN's recurrent weights) run with the
-# weights packed once per loop (jit_kernels.packed) from this many rows of the
-# step up, which beats BLAS for every product of two rows or more measured (a
-# register-tiled micro-kernel on weights read once per loop), and through BLAS
-# below, where BLAS's gemv for a single row is as fast.  The choice depends on
-# the rows alone: the two ways sum in other orders, and every call must give
-# the same bits for the same input.
-PACKED_MIN_ROWS = 2
-# A step's products of sequence slices by invariants (an RNN's input
-# projection: scan._product_stays_in_loop) run for all of a call's steps at
-# once, before its loop, unless the rows are split between threads and each
-# gets IN_LOOP_MIN_ROWS at least: one product over all steps beats a product
-# per step of a few rows (the W5 LSTM over 1 to 8 rows on one thread: 14-17%
-# faster, 16 rows split in two 20%), while a thread's product of 16 rows and
-# more runs faster in its loop, on packed weights (W5 at 32 and 64 rows: 12-13%
-# faster than one product over all steps on both threads).
-IN_LOOP_MIN_ROWS = 16
 
 
 class Loop:
@@ -103,8 +79,8 @@ class Loop:
         """Steps first..steps-1 over rows lo:hi (of states and invariants already
         cut to them), one of ``parts`` run at once; the final states."""
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
-        hoisted = parts == 1 or rows < IN_LOOP_MIN_ROWS
-        packed = self.has_packable and rows >= PACKED_MIN_ROWS
+        hoisted = parts == 1 or rows < tuning.SCAN_IN_LOOP_MIN_ROWS
+        packed = self.has_packable and rows >= tuning.SCAN_PACKED_MIN_ROWS
         return self._function(first, steps, steps, reverse, lo, hi, packed, hoisted, *seqs,
                               *states, *invariants, *self.constants, *stacked)
 
@@ -115,10 +91,10 @@ class Loop:
             return None
         rows = (states[0] if states else seqs[0][0]).shape[0]
         from jit_kernels import blas
-        parts = min(blas.threads(), rows // MIN_ROWS_PER_THREAD)
+        parts = min(blas.threads(), rows // tuning.SCAN_SPLIT_MIN_ROWS_PER_THREAD)
         elements = (sum(s.size for s in seqs) + steps * sum(s.size for s in states)
                     + steps * rows * self.product_columns)
-        if parts < 2 or elements < MIN_SPLIT_ELEMENTS or not self._rows_match(
+        if parts < 2 or elements < tuning.SCAN_SPLIT_MIN_ELEMENTS or not self._rows_match(
                 rows, seqs, states, invariants):
             return None
         return [rows * i // parts for i in range(parts + 1)]

@@ -1,3 +1,4 @@
+import contextlib
 import os
 import tempfile
 
@@ -9,11 +10,18 @@ os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="numbackend-keras-ho
 
 
 @pytest.fixture
-def plan_runs(monkeypatch):
+def tuned():
+    """``tuned(NAME=value, ...)``: tuning.override(NAME=value, ...) until the test ends."""
+    from numbackend import tuning
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(tuning.override(**values))
+
+
+@pytest.fixture
+def plan_runs(tuned):
     """Functions compile their plan as one call from their second small call on;
     returns a function counting how often a Function's plan ran from Python."""
-    from jit_kernels import tuning  # after the cache folder above is chosen
-    monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 2)
+    tuned(ONE_CALL_AFTER=2)
 
     def count(fn):
         runs, run = [0], fn.plan.run

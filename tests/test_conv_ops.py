@@ -610,7 +610,7 @@ def _small_cnn(weights, x):
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the inf, on BLAS's threads
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_small_cnn_called_often_runs_as_one_call(monkeypatch, dtype):
+def test_a_small_cnn_called_often_runs_as_one_call(tuned, dtype):
     """Small inputs to a function called often run its plan as one compiled
     call, convolutions included: the direct loop, Winograd's parts pooling
     before the epilogue, the dense layer's weights packed once and split
@@ -618,11 +618,11 @@ def test_a_small_cnn_called_often_runs_as_one_call(monkeypatch, dtype):
     changed in place, are what the next call reads; an inf in an image goes
     back to the plan (Winograd would spread it), and so does a batch too
     large for one call."""
-    from jit_kernels import blas, parts, tuning
+    from jit_kernels import blas, parts
+    from numbackend import tuning
     if not (blas.AVAILABLE and parts.pool_from_compiled()):
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64 with its pool: plans run from Python")
-    monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 2)
-    monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)
+    tuned(ONE_CALL_AFTER=2, PACKED_WEIGHTS_MIN_ITEMS=1)
     values = [(rand(3, 3, 1, 32), rand(32)), (rand(3, 3, 32, 8) / 10, rand(8)),
               (rand(12 * 12 * 8, 10) / 30, rand(10))]
     weights = [tuple(K.variable(a.astype(dtype), dtype=dtype) for a in pair) for pair in values]

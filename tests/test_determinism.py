@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 
 import numbackend as K
-from jit_kernels import tuning
+from numbackend import tuning
 
 RNG = np.random.default_rng(7)
 

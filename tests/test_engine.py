@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 
 import numbackend
-from jit_kernels import tuning
-from numbackend import codegen, lowering, ops
+from numbackend import codegen, lowering, ops, tuning
 from numbackend import core as K
 from tests.kernel_helpers import needs_blas
 
@@ -126,15 +125,15 @@ def record_loops(monkeypatch, kernel):
 
 
 def test_the_loop_is_chosen_by_the_work(monkeypatch):
-    """Cheap kernels stay serial up to PARALLEL_MIN_WORK elements; one with a vmath
-    function goes parallel from a quarter of that."""
+    """Cheap kernels stay serial up to FUSED_PARALLEL_MIN_WORK elements; one with a
+    vmath function goes parallel from a quarter of that."""
     a = K.placeholder((None,))
     cheap = K.function([a], [a * a - 3.0 * a])
     costly = K.function([a], [ops.apply("tanh", a) * 2.0])
     (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
     cheap_calls = record_loops(monkeypatch, cheap_kernel)
     costly_calls = record_loops(monkeypatch, costly_kernel)
-    for size in (codegen.PARALLEL_MIN_WORK // 2, codegen.PARALLEL_MIN_WORK + 3):
+    for size in (tuning.FUSED_PARALLEL_MIN_WORK // 2, tuning.FUSED_PARALLEL_MIN_WORK + 3):
         v = np.linspace(-5, 5, size).astype(np.float32)
         np.testing.assert_allclose(cheap([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
         np.testing.assert_allclose(costly([v])[0], np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
@@ -445,7 +444,7 @@ def test_kernel_cache_is_keyed_by_the_jit_kernels_it_calls():
     folder = os.path.dirname(jit_kernels.__file__)
     digest = hashlib.sha256()
     for name in sorted(os.listdir(folder)):
-        if name.endswith(".py"):
+        if name.endswith(".py") and name != "tuning.py":  # its compiled values below
             with open(os.path.join(folder, name), "rb") as f:
                 digest.update(name.encode() + b"\0" + f.read())
     digest.update(repr(tuning.compiled_values()).encode())
@@ -500,13 +499,13 @@ def test_last_axis_slices_are_read_in_place_by_kernels():
 
 def test_a_narrow_window_of_a_wide_array_runs_the_serial_loop(monkeypatch):
     """The loop is chosen by the elements the kernel computes (8 x 4), not by the size
-    of the array its window is read from (8 x 80000, above PARALLEL_MIN_WORK)."""
+    of the array its window is read from (8 x 80000, above FUSED_PARALLEL_MIN_WORK)."""
     x = K.placeholder((None, 80000))
     fn = K.function([x], [ops.apply("tanh", x[:, 0:4]) * 2.0])
     (kernel,) = fn.plan.kernels
     calls = record_loops(monkeypatch, kernel)
     xv = np.random.default_rng(4).standard_normal((8, 80000)).astype(np.float32)
-    assert xv.size >= codegen.PARALLEL_MIN_WORK
+    assert xv.size >= tuning.FUSED_PARALLEL_MIN_WORK
     np.testing.assert_allclose(fn([xv])[0], np.tanh(xv[:, 0:4]) * 2.0, rtol=1e-6)
     assert calls == ["kernel_ser"]
 
@@ -652,15 +651,14 @@ def test_one_call_falls_back_to_the_plan_for_what_it_refuses(plan_runs):
         f([np.ones((4, 5)), bv])
 
 
-def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
+def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned):
     """x @ w by a variable's value: from the first call (the way a product runs
     depends on the shapes alone, never on the call count) on w packed once,
     split between BLAS's threads; a value set anew is packed anew; more rows
     than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
     PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
-    monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)
-    monkeypatch.setattr(tuning, "ONE_CALL_AFTER", 10**9)  # the plan, not its one-call form
+    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9)  # the plan, not its one-call form
     # (only Python functions are wrapped: a compiled one read by another would
     # not compile while wrapped)
     in_parts, product = [], packed.matmul_packed_in_parts
@@ -673,7 +671,7 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
         w = K.variable(value, dtype=dtype)
         x = K.placeholder((None, 7), dtype=dtype)
         f = K.function([x], [ops.apply("dot", x, w)])
-        (step,) = [v for v in f.plan.run.__globals__.values() if isinstance(v, lowering._ProductByWeights)]
+        (step,) = [v for v in f.plan.run.__globals__.values() if isinstance(v, lowering.ProductByWeights)]
         through_blas, fallback = [], step.fallback
         step.fallback = lambda a, b, seen=through_blas, blas_call=fallback: (
             seen.append(a.shape) or blas_call(a, b))
@@ -690,12 +688,11 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch):
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert step.packing[1] is not panels[4] and in_parts == [(1, 7), (2, 7), (3, 7), (4, 7), (1, 7)]
-        monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 7 * 37 + 1)
-        for rows in (2, 5):
-            a = rng.standard_normal((rows, 7)).astype(dtype)
-            np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
+        with tuning.override(PACKED_WEIGHTS_MIN_ITEMS=7 * 37 + 1):
+            for rows in (2, 5):
+                a = rng.standard_normal((rows, 7)).astype(dtype)
+                np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert len(in_parts) == 5 and through_blas == [(5, 7), (5, 7)]
-        monkeypatch.setattr(tuning, "PACKED_WEIGHTS_MIN_ITEMS", 1)
 
 
 @pytest.fixture

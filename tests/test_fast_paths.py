@@ -154,10 +154,7 @@ KERAS_SCRIPT = textwrap.dedent("""
     from keras.layers import Activation, Dense, Dropout, Flatten
     from keras.models import Sequential
     import numbackend
-    from jit_kernels import tuning
     from numbackend.graph import toposort
-
-    tuning.ONE_CALL_AFTER = 2
     np.random.seed(0)
     model = Sequential([Flatten(input_shape=(4, 2)), Dense(16, activation="relu"), Dropout(0.5),
                         Activation("linear"), Dense(5, activation="softmax")])
@@ -194,7 +191,8 @@ def test_a_keras_model_with_dropout_predicts_as_one_call(tmp_path):
     """Keras feeds the learning phase (0. to predict): the predict function's plan
     for 0 draws no dropout mask and runs as one call; its Activation('linear'),
     which returns its input, costs no step (Keras wraps it in K.identity)."""
-    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(tmp_path))
+    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(tmp_path),
+               NUMBACKEND_TUNE_ONE_CALL_AFTER="2")
     result = subprocess.run([sys.executable, "-c", KERAS_SCRIPT], env=env, capture_output=True,
                             text=True, check=False, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

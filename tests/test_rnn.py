@@ -706,14 +706,12 @@ def test_a_gated_step_on_slices_of_one_product_back_propagates_in_a_compiled_loo
 
 
 @pytest.fixture
-def split_runs(monkeypatch):
+def split_runs(monkeypatch, tuned):
     """Every compiled loop over two rows or more splits them between BLAS's threads;
     the list of the part counts of each split run."""
     if not blas.AVAILABLE or blas.threads() < 2:
         pytest.skip("the rows are split between OpenBLAS's threads, and it has one here")
-    from numbackend import scan_loop
-    monkeypatch.setattr(scan_loop, "MIN_ROWS_PER_THREAD", 1)
-    monkeypatch.setattr(scan_loop, "MIN_SPLIT_ELEMENTS", 0)
+    tuned(SCAN_SPLIT_MIN_ROWS_PER_THREAD=1, SCAN_SPLIT_MIN_ELEMENTS=0)
     runs, run_parts = [], blas.run_parts
 
     def counted(count, part):
@@ -727,19 +725,19 @@ def split_runs(monkeypatch):
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("packed_min_rows, packed", [(10**9, False), (1, True)])
 @pytest.mark.parametrize("in_loop_min_rows", [0, 10**9])
-def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, request, split, go_backwards,
-                                                     packed_min_rows, packed, in_loop_min_rows):
-    # a loop runs its products by invariants packed from PACKED_MIN_ROWS rows,
-    # through BLAS below, on every call alike; its products of the sequence
+def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, tuned, request, split,
+                                                     go_backwards, packed_min_rows, packed,
+                                                     in_loop_min_rows):
+    # a loop runs its products by invariants packed from SCAN_PACKED_MIN_ROWS
+    # rows, through BLAS below, on every call alike; its products of the sequence
     # slices (x_t @ w) run per step, or for each call's steps at once before its
-    # loop (always, unless split, by IN_LOOP_MIN_ROWS); the same numbers every
-    # way, forward and back-propagating
+    # loop (always, unless split, by SCAN_IN_LOOP_MIN_ROWS); the same numbers
+    # every way, forward and back-propagating
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
-    from numbackend import codegen, scan_loop
+    from numbackend import codegen
     runs = request.getfixturevalue("split_runs") if split else []
-    monkeypatch.setattr(scan_loop, "PACKED_MIN_ROWS", packed_min_rows)
-    monkeypatch.setattr(scan_loop, "IN_LOOP_MIN_ROWS", in_loop_min_rows)
+    tuned(SCAN_PACKED_MIN_ROWS=packed_min_rows, SCAN_IN_LOOP_MIN_ROWS=in_loop_min_rows)
     ways, load_kernel = [], codegen.load_kernel
 
     def load_spied(source):

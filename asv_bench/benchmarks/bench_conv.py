@@ -4,7 +4,7 @@ im2col reference in the same run, and a training step of the same network
 import numpy as np
 
 import numbackend as K
-from jit_kernels.tuning import ONE_CALL_AFTER
+from numbackend import tuning
 
 from .common import (
     F32,
@@ -40,7 +40,7 @@ class W4MnistCnn:
                                    rtol=1e-4, atol=1e-6)
         # out of the timed calls: at batch 1 a function's ONE_CALL_AFTER-th call
         # compiles it as one call
-        for _ in range(ONE_CALL_AFTER + 1):
+        for _ in range(tuning.ONE_CALL_AFTER + 1):
             self.fn([self.x])
 
     def time_numbackend(self, batch):

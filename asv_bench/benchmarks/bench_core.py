@@ -3,7 +3,7 @@
 import numpy as np
 
 import numbackend as K
-from jit_kernels.tuning import ONE_CALL_AFTER
+from numbackend import tuning
 
 from .common import (
     F32,
@@ -105,7 +105,7 @@ class W3Mlp:
         self.x = rng().standard_normal((batch, 784)).astype(F32)
         self.fn = mlp_function(K, self.weights)
         # out of the timed calls: at batch 1 the ONE_CALL_AFTER-th compiles it as one call
-        for _ in range(ONE_CALL_AFTER + 1):
+        for _ in range(tuning.ONE_CALL_AFTER + 1):
             self.fn([self.x])
 
     def time_numbackend(self, batch):

@@ -10,7 +10,7 @@ import time
 import numpy as np
 
 import numbackend as K
-from jit_kernels.tuning import ONE_CALL_AFTER
+from numbackend import tuning
 
 from .common import cnn_function, cnn_inputs, cnn_weights, setup_once
 
@@ -83,7 +83,7 @@ class W4KerasMnistCnn:
         self.predict_function = self.model.predict_function
         self.fed = [self.x, 0.0] if len(self.predict_function.inputs) == 2 else [self.x]
         # out of the timed calls: the ONE_CALL_AFTER-th call compiles each as one call
-        for _ in range(ONE_CALL_AFTER + 1):
+        for _ in range(tuning.ONE_CALL_AFTER + 1):
             self.predict_function(self.fed)
             self.fn([self.x])
 

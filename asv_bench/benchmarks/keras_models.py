@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from jit_kernels.tuning import ONE_CALL_AFTER
+from numbackend import tuning
 
 from .common import F32, cold_cache_run, rng, setup_once, warm_cache_run
 
@@ -229,7 +229,7 @@ class KerasModels:
         # out of the timed calls: at batch 1 a function's ONE_CALL_AFTER-th call
         # compiles it as one call
         for n in PREDICT_BATCHES:
-            for _ in range(ONE_CALL_AFTER + 1):
+            for _ in range(tuning.ONE_CALL_AFTER + 1):
                 self.predicting.predict_on_batch(self.samples[n])
 
     def time_fit_epoch(self, name):

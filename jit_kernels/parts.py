@@ -20,7 +20,7 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import blas
+from . import blas, tuning
 from .compiling import _LoadWithoutRegistries, has_source_file, njit_cached, stamp_with_package
 from .fork import fork_gate
 
@@ -144,16 +144,6 @@ def run_compiled(part_address, descriptors, arrays):
         _call_part(part_address, descriptors[i])
 
 
-# A run on the pool whose last thread started its part this long after the
-# run began, and later than the calling thread took for its own part, had a
-# thread that was not running (another process had its core).  The parts
-# then run on the calling thread alone for CONTENDED_SERIAL_NS: waiting for a
-# time slice of the busy core made a batch-1 CNN 50 times slower.  A thread
-# woken from sleep starts within tens of microseconds.
-# Two such runs in a row, not one: the pool's first run starts its threads.
-LATE_START_NS = 500_000
-LATE_RUNS = 2
-CONTENDED_SERIAL_NS = 1_000_000_000
 
 
 @intrinsic
@@ -209,8 +199,13 @@ blas.pool_state[1] = _timed()[0]
 def run_on_pool(count, function, arguments, step):
     """``function(arguments + i * step)`` for i in 0..count-1 (``function`` the
     address of a ``void (void *)`` function), at once on OpenBLAS's threads, or
-    one after another on the calling thread for a while after a run found a
-    thread late (see LATE_START_NS).  The same parts either way, so the same
+    one after another on the calling thread for a while after runs found a
+    thread late: a run whose last thread started its part more than
+    ``tuning.PARTS_LATE_START_NS`` after the run began, and later than the
+    calling thread took for its own part, had a thread that was not running
+    (another process had its core); after ``tuning.PARTS_LATE_RUNS`` such runs
+    in a row the parts run on the calling thread alone for
+    ``tuning.PARTS_CONTENDED_SERIAL_NS``.  The same parts either way, so the same
     results.  Under blas._parts_lock."""
     state = array_at(_pool_state(), (3,), np.int64)
     start = _now_ns()
@@ -231,12 +226,12 @@ def run_on_pool(count, function, arguments, step):
     latest = start
     for i in range(1, count):
         latest = max(latest, timing[i, 2])
-    if latest - start <= max(LATE_START_NS, own):
+    if latest - start <= max(tuning.PARTS_LATE_START_NS, own):
         state[2] = 0
         return
     state[2] += 1
-    if state[2] >= LATE_RUNS:
-        state[0] = _now_ns() + CONTENDED_SERIAL_NS
+    if state[2] >= tuning.PARTS_LATE_RUNS:
+        state[0] = _now_ns() + tuning.PARTS_CONTENDED_SERIAL_NS
         state[2] = 0
 
 
@@ -250,6 +245,10 @@ def pool_from_compiled():
 # block's rows and columns, the block's and the output's addresses, then the
 # epilogue's own numbers.
 EPILOGUE_HEAD = 5
+
+
+# an empty epilogue template: no compiled epilogue
+NO_EPILOGUE = np.zeros(0, np.int64)
 
 
 class EpilogueMismatch(ValueError):

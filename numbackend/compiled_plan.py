@@ -128,21 +128,22 @@ def _conv_lines(node, ins, out, pool, constants):
     if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
         return None
     attrs = node.attrs
-    path, extra = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
-                                     attrs["padding"], attrs["dilation"])
+    path = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                              attrs["padding"], attrs["dilation"])
+    if path is None:
+        return None
     k = len(constants)
-    if path == "direct" and pool is None:
-        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = extra
+    if path.algorithm == "direct" and pool is None:
+        constants[f"conv_sizes{k}"], constants[f"conv_offsets{k}"] = path.compiled.sizes, path.compiled.offsets
         return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, conv_sizes{k}, conv_offsets{k})"]
-    if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
+    if path.algorithm != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
         return None
     # the kernel that conv_transform is the transform of: none yet (NaN differs from all)
     constants[f"conv_kernel{k}"] = np.full(w.shape, np.nan, node.dtype)
     constants[f"conv_transform{k}"] = np.empty((36,) + w.shape[2:], node.dtype)
     constants[f"conv_part{k}"] = conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0]
-    mode = 1 if pool == "max" else 0  # jit_kernels.conv._POOL_MODES
     return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, conv_kernel{k}, conv_transform{k}, "
-             f"conv_part{k}, {mode}, {int(extra[0])})")]
+             f"conv_part{k}, {conv.POOL_MODES[pool]}, {path.compiled.chunk})")]
 
 
 def _weights_product_lines(node, ins, out, weights, constants, arguments):

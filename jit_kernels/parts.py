@@ -235,6 +235,58 @@ def run_on_pool(count, function, arguments, step):
         state[2] = 0
 
 
+# The Python job of the run_parts under way: (part, results, errors), under
+# blas._parts_lock
+_job = None
+
+
+def _run_job(argument):
+    part, results, errors = _job
+    index = argument or 0
+    try:
+        results[index] = part(index)
+    except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
+        errors[index] = exc
+
+
+# One callback for every run_parts: a ctypes callback made per call sits in a
+# reference cycle, so what its part refers to (arrays of megabytes) lived on
+# until the garbage collector ran, and malloc handed the next arrays fresh
+# pages (2300 page faults a call of mnist_cnn's batch-64 convolution).
+_run_job_callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_job)
+_run_job_address = ctypes.cast(_run_job_callback, ctypes.c_void_p)
+
+
+
+def run_parts(count, part):
+    """``[part(0), ..., part(count - 1)]``, run at once on OpenBLAS's own threads
+    (``part(0)`` on the calling thread), every product inside them on its
+    calling thread alone.  ``count`` is at most :func:`blas.threads`.
+
+    The parts run on BLAS's threads rather than on threads of their own: after a
+    product OpenBLAS's threads spin for a while, and on a machine with as many
+    threads as cores they would take the cores from any other threads."""
+    if not 1 <= count <= blas.threads():
+        raise ValueError(f"jit_kernels.parts.run_parts: cannot run {count} parts on "
+                         f"{blas.threads()} BLAS threads")
+    global _job
+    results, errors = [None] * count, [None] * count
+    fork_gate.enter()
+    try:
+        with blas._parts_lock, blas.one_thread():
+            _job = (part, results, errors)
+            try:
+                run_on_pool(count, _run_job_address.value, 0, 1)
+            finally:
+                _job = None
+    finally:
+        fork_gate.leave()
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
+
+
 def pool_from_compiled():
     """Whether compiled code can call :func:`run_compiled` and
     :func:`threads_from_compiled` (OpenBLAS's pool is bound)."""

@@ -17,7 +17,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import blas, tuning
+from . import blas, parts, tuning
 from .fork import parallel_ok
 
 # the options of the window kernels' @njit_cached
@@ -150,7 +150,7 @@ def launch_by_images(kernel, work, batched, *rest):
     """:func:`launch` of ``kernel(*batched, *rest)``, where each array of
     ``batched`` has the images on its first axis.  From
     ``tuning.LIBRARY_IMAGE_PARTS_MIN_WORK`` up the images split between BLAS's threads
-    (:func:`blas.run_parts`), each part on one thread: Numba's own threads
+    (:func:`parts.run_parts`), each part on one thread: Numba's own threads
     would wait for OpenBLAS's, which spin on after the last product."""
     batch = batched[0].shape[0]
     if work < tuning.LIBRARY_IMAGE_PARTS_MIN_WORK or min(blas.threads(), batch) < 2:
@@ -233,17 +233,17 @@ def is_pointwise(g):
 
 def in_image_parts(batch, chunk, run):
     """``[run(lo, hi)]`` over images (or Winograd's bands) lo..hi-1, split between
-    BLAS's threads (:func:`blas.run_parts`) when each part gets at least a
+    BLAS's threads (:func:`parts.run_parts`) when each part gets at least a
     whole chunk.  Each part then copies its columns and multiplies them on
     one thread while the other copies or multiplies its own: on mnist_cnn's
     second layer this ran 1.5-1.8x faster from batch 16 up than one copy at a
     time followed by a product on both threads; with less than a chunk per
     part (batch 8 there, or its first layer at batch 64) it was no faster."""
-    parts = batch // chunk
-    if parts >= 2:  # threads() is a call into OpenBLAS: not at batch 1
-        parts = min(blas.threads(), parts)
-    if parts < 2:
+    count = batch // chunk
+    if count >= 2:  # threads() is a call into OpenBLAS: not at batch 1
+        count = min(blas.threads(), count)
+    if count < 2:
         return [run(0, batch)]
-    per = -(-batch // parts)
-    parts = -(-batch // per)  # none empty: 5 images on 4 threads are 2 + 2 + 1
-    return blas.run_parts(parts, lambda i: run(i * per, min(batch, (i + 1) * per)))
+    per = -(-batch // count)
+    count = -(-batch // per)  # none empty: 5 images on 4 threads are 2 + 2 + 1
+    return parts.run_parts(count, lambda i: run(i * per, min(batch, (i + 1) * per)))

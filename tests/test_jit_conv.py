@@ -155,8 +155,8 @@ def _split_results(x, w, dy):
             conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'))
 
 
-@pytest.mark.parametrize('threads, parts', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
-def test_conv_batch_split_between_threads(monkeypatch, threads, parts, tune):
+@pytest.mark.parametrize('threads, count', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
+def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
     """With a chunk per part the batch splits into parts of whole images, none
     empty, whose results are those of the whole batch at once."""
     x, w = random((5, 6, 7, 3)), random((3, 3, 3, 4))
@@ -170,9 +170,9 @@ def test_conv_batch_split_between_threads(monkeypatch, threads, parts, tune):
 
     tune(CONV_COLUMN_CHUNK_BYTES=1)  # one image a chunk
     monkeypatch.setattr(blas, 'threads', lambda: threads)
-    monkeypatch.setattr(blas, 'run_parts', one_after_another)
+    monkeypatch.setattr(parts, 'run_parts', one_after_another)
     split = _split_results(x, w, dy)
-    assert calls == [parts] * 3
+    assert calls == [count] * 3
     np.testing.assert_allclose(split[0], reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
     for got, expected in zip(split[1:], whole[1:]):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
@@ -184,8 +184,8 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch, tune):
     dy = random((4, 6, 7, 4))
     whole = _split_results(x, w, dy)
     calls = []
-    run_parts = blas.run_parts
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
+    run_parts = parts.run_parts
+    monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
     tune(CONV_COLUMN_CHUNK_BYTES=1)
     split = _split_results(x, w, dy)
     assert calls == [min(blas.threads(), 4)] * 3
@@ -254,7 +254,7 @@ def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
-def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w, tune):
+def _chunked_with_epilogue(monkeypatch, tune, chunk_bytes, threads, x, w):
     """conv_forward(x, w, 'same') through a bias + relu epilogue, with the chunk
     size ``chunk_bytes`` at 1 byte and the parts on ``threads`` (run one after
     another), checked against the brute-force convolution; returns the rows of
@@ -267,7 +267,7 @@ def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w, tune):
 
     tune(**{chunk_bytes: 1})
     monkeypatch.setattr(blas, 'threads', lambda: threads)
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
+    monkeypatch.setattr(parts, 'run_parts', lambda count, part: [part(i) for i in range(count)])
     y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
     expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
@@ -275,10 +275,10 @@ def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w, tune):
 
 
 @pytest.mark.parametrize('threads', [1, 2])
-def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads):
+def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads, tune):
     """Chunks of one image, split between threads, each block through the
     epilogue into its own rows of the result."""
-    blocks = _chunked_with_epilogue(monkeypatch, 'CONV_DIRECT_CHUNK_BYTES', threads,
+    blocks = _chunked_with_epilogue(monkeypatch, tune, 'CONV_DIRECT_CHUNK_BYTES', threads,
                                     random((5, 7, 6, 2)), random((3, 3, 2, 4)))
     assert blocks == [42] * 5 and direct_passes == [2] * 5
 
@@ -442,10 +442,10 @@ def test_conv_winograd_kernel_transform_is_kept_until_the_kernel_changes(monkeyp
 
 
 @pytest.mark.parametrize('threads', [1, 2])
-def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads):
+def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads, tune):
     """Chunks of one band (an image's band split from the next), split between
     threads, each block of output rows through the epilogue."""
-    blocks = _chunked_with_epilogue(monkeypatch, 'CONV_WINOGRAD_CHUNK_BYTES', threads,
+    blocks = _chunked_with_epilogue(monkeypatch, tune, 'CONV_WINOGRAD_CHUNK_BYTES', threads,
                                     random((3, 7, 6, 8)), random((3, 3, 8, 8)))
     assert winograd_chunks == [1] * 6 and blocks == [24, 18] * 3  # 4 rows of 6, then 3
 
@@ -896,3 +896,40 @@ def test_conv_winograd_kernel_transforms_keep_to_their_bytes(monkeypatch, winogr
     tune(CONV_WINOGRAD_KEPT_BYTES=1)
     conv.conv_forward(x, kernels[0], 1, 'same')
     assert len(winograd._kernel_transforms) == 1
+
+
+@pytest.mark.parametrize('algorithm', conv.ALGORITHMS)
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_conv_path_pin_runs_each_algorithm(tune, algorithm, dtype):
+    """tuning.CONV_PATH makes forward_path take each algorithm where it can run
+    the convolution, plain, pooled and through an epilogue, and leaves the usual
+    choice where it cannot (a 3x3 kernel is no 1x1 product; strides are not
+    Winograd's)."""
+    tune(CONV_PATH=algorithm)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for kernel, strides in (((1, 1), 1), ((3, 3), 1), ((3, 3), 2)):
+        x, w = random((2, 10, 9, 8), dtype), random(kernel + (8, 16), dtype)
+        path = conv.forward_path(x.shape, w.shape, dtype, strides, 'valid', 1)
+        runs = {'pointwise': kernel == (1, 1), 'winograd': kernel == (3, 3) and strides == 1}
+        assert (path.algorithm == algorithm) == runs.get(algorithm, True)
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), strides, 'valid', 1)
+        scale = tol * np.abs(want).max()
+        np.testing.assert_allclose(conv.conv_forward(x, w, strides), want, rtol=tol, atol=scale)
+        np.testing.assert_allclose(conv.conv_forward(x, w, strides, pool='max'), reference_pool_2x2(want, 'max'),
+                                   rtol=tol, atol=scale)
+        relu = conv.conv_forward(x, w, strides, epilogue=lambda block, out: np.maximum(block, 0, out=out))
+        np.testing.assert_allclose(relu, np.maximum(want, 0), rtol=tol, atol=scale)
+
+
+def test_conv_path_pin_reaches_the_compiled_forms(tune):
+    """compiled_path follows the pin too: a convolution pinned to im2col has no
+    compiled form; one with too few blocks for Winograd gets it when pinned."""
+    f32 = np.dtype(np.float32)
+    shapes = ((None, 10, 10, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)  # 4 blocks: im2col unpinned
+    assert conv.compiled_path(*shapes) is None
+    tune(CONV_PATH='winograd')
+    assert conv.compiled_path(*shapes).algorithm == 'winograd'
+    tune(CONV_PATH='columns')
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None
+    with pytest.raises(ValueError, match="CONV_PATH must be one of"):
+        tune(CONV_PATH='fft')

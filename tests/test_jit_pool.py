@@ -9,7 +9,7 @@ hand-made case with ties.  Resizing is compared with per-pixel formulas.
 import numpy as np
 import pytest
 
-from jit_kernels import blas, pool, resize
+from jit_kernels import blas, parts, pool, resize
 from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
 random = random_arrays(4321)
@@ -100,8 +100,8 @@ def test_pool_split_by_images_between_blas_threads(monkeypatch, mode, tune):
     forward, backward = getattr(pool, f'{mode}_pool_forward'), getattr(pool, f'{mode}_pool_backward')
     whole = backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same')
     calls = []
-    run_parts = blas.run_parts
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
+    run_parts = parts.run_parts
+    monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
     tune(LIBRARY_IMAGE_PARTS_MIN_WORK=0)
     np.testing.assert_allclose(forward(x, (2, 3), (2, 2), 'same'), expected, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same'),

@@ -695,12 +695,13 @@ def split_runs(monkeypatch):
     from numbackend import scan_loop
     monkeypatch.setattr(scan_loop, "MIN_ROWS_PER_THREAD", 1)
     monkeypatch.setattr(scan_loop, "MIN_SPLIT_ELEMENTS", 0)
-    runs, run_parts = [], blas.run_parts
+    from jit_kernels import parts
+    runs, run_parts = [], parts.run_parts
 
     def counted(count, part):
         runs.append(count)
         return run_parts(count, part)
-    monkeypatch.setattr(blas, "run_parts", counted)
+    monkeypatch.setattr(parts, "run_parts", counted)
     return runs
 
 

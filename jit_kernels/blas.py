@@ -21,7 +21,6 @@ import numpy as np
 from numba import types
 
 from .compiling import njit_cached
-from .fork import fork_gate
 
 # The CBLAS names of NumPy's OpenBLAS builds with 64-bit integers (ILP64):
 # NumPy 2's scipy-openblas64, then NumPy 1.22-1.26's openblas64_.
@@ -36,6 +35,11 @@ _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 _thread_count = None  # (get, set) ctypes functions, where bound
 _run_on_pool = None  # OpenBLAS's gotoblas_pthread, where bound
 _parts_lock = threading.Lock()  # the thread count is process-wide: one run_parts at a time
+
+
+def pool_bound():
+    """Whether OpenBLAS's thread pool (gotoblas_pthread) is bound."""
+    return _run_on_pool is not None
 
 
 def parts_lock():
@@ -105,22 +109,6 @@ def _bind_thread_count(lib):
             llvm.add_symbol(f"numbackend_{name}", ctypes.cast(function, ctypes.c_void_p).value)
 
 
-def _run_job(argument):
-    part, results, errors = _job
-    index = argument or 0
-    try:
-        results[index] = part(index)
-    except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
-        errors[index] = exc
-
-
-# One callback for every run_parts: a ctypes callback made per call sits in a
-# reference cycle, so what its part refers to (arrays of megabytes) lived on
-# until the garbage collector ran, and malloc handed the next arrays fresh
-# pages (2300 page faults a call of mnist_cnn's batch-64 convolution).
-_run_job_callback = _PART(_run_job)
-_run_job_address = ctypes.cast(_run_job_callback, ctypes.c_void_p)
-
 AVAILABLE = _bind()
 
 # What jit_kernels.parts.run_on_pool keeps between runs, read and written by
@@ -136,13 +124,14 @@ llvm.add_symbol("numbackend_clock_gettime", ctypes.cast(_libc.clock_gettime, cty
 
 
 def threads():
-    """How many parts :func:`run_parts` runs at once: OpenBLAS's thread count
+    """How many parts :func:`parts.run_parts` runs at once: OpenBLAS's thread count
     (0 where its threads cannot be used)."""
     return _thread_count[0]() if _run_on_pool is not None else 0
 
 
 @contextlib.contextmanager
-def _one_thread():
+def one_thread():
+    """OpenBLAS's products on the calling thread alone for the ``with`` block."""
     get, set_ = _thread_count
     before = get()
     set_(1)
@@ -150,36 +139,6 @@ def _one_thread():
         yield
     finally:
         set_(before)
-
-
-def run_parts(count, part):
-    """``[part(0), ..., part(count - 1)]``, run at once on OpenBLAS's own threads
-    (``part(0)`` on the calling thread), every product inside them on its
-    calling thread alone.  ``count`` is at most :func:`threads`.
-
-    The parts run on BLAS's threads rather than on threads of their own: after a
-    product OpenBLAS's threads spin for a while, and on a machine with as many
-    threads as cores they would take the cores from any other threads."""
-    if not 1 <= count <= threads():
-        raise ValueError(f"jit_kernels.blas: cannot run {count} parts on "
-                         f"{threads()} BLAS threads")
-    global _job
-    results, errors = [None] * count, [None] * count
-    fork_gate.enter()
-    try:
-        from .parts import run_on_pool  # parts imports this module
-        with _parts_lock, _one_thread():
-            _job = (part, results, errors)
-            try:
-                run_on_pool(count, _run_job_address.value, 0, 1)
-            finally:
-                _job = None
-    finally:
-        fork_gate.leave()
-    for exc in errors:
-        if exc is not None:
-            raise exc
-    return results
 
 
 def _gemm_type(scalar):

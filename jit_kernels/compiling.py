@@ -56,7 +56,7 @@ def _load_numba_array_math_without_scipy():
         linalg.ensure_blas = probe
 
 
-class _LoadWithoutRegistries(_FunctionCache):
+class LoadWithoutRegistries(_FunctionCache):
     """Numba's per-function disk cache, minus the registry refresh on a load.
 
     Before each load Numba refreshes its target context: on the first load of a
@@ -159,7 +159,7 @@ def njit_cached(**options):
 
     Every cached kernel of jit_kernels and numbackend is declared with this, so
     no cache load of theirs refreshes Numba's registries (see
-    :class:`_LoadWithoutRegistries`); Numba functions of other code are untouched.
+    :class:`LoadWithoutRegistries`); Numba functions of other code are untouched.
     A function without a source file compiles uncached.
     """
     def decorate(function):
@@ -168,7 +168,7 @@ def njit_cached(**options):
         dispatcher = _numba.njit(cache=True, **options)(function)
         # another Numba layout, or NUMBA_DISABLE_JIT's plain function: as it comes
         if type(getattr(dispatcher, "_cache", None)) is _FunctionCache:
-            dispatcher._cache.__class__ = _LoadWithoutRegistries
+            dispatcher._cache.__class__ = LoadWithoutRegistries
             stamp_with_package(dispatcher._cache)
             # Nor does a load need third-party Numba extensions, which Numba looks
             # up among all installed packages' entry points before a first call

@@ -29,7 +29,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import blas, parts
+from . import blas, parts, tuning
 from .compiling import njit_cached
 
 
@@ -42,9 +42,11 @@ def _vector_bytes():
         return 32
 
 
-VECTOR_BYTES = _vector_bytes()
+# compiled into the kernels: set by the environment alone (see jit_kernels.tuning)
+VECTOR_BYTES = tuning.PACKED_VECTOR_BYTES or _vector_bytes()
 # A panel is two vectors wide, and a tile has up to six rows: 12 vector sums,
-# two vectors of the panel and a broadcast value fit AVX2's 16 registers.
+# two vectors of the panel and a broadcast value fit AVX2's 16 registers.  Not
+# a tuning entry: the six tile kernels below are written for it.
 TILE_ROWS = 6
 
 
@@ -155,20 +157,15 @@ def _tile_kernel(rows, panels=1):
 
 
 _tile1, _tile2, _tile3, _tile4, _tile5, _tile6 = (_tile_kernel(r) for r in range(1, TILE_ROWS + 1))
-# A one-row tile multiplies each vector of the panel it loads once, so the
-# load of a's value beside two of the panel's bound its loop (on Zen's two
-# loads a cycle): one row by four panels loads 8 vectors a value.  Measured
-# on one core of a 2-core AMD EPYC (Zen, AVX2), 1 x 784 by 784 x 512 in
-# 23.8 us against 31.2 with one panel; 1 x 512 by 512 x 512 in 16.0 against
-# 20.8.  More rows multiply each vector several times, bound by the
-# multiply-adds instead.
-ONE_ROW_PANELS = 4
+# A one-row tile multiplies each vector of the panel it loads once: it takes
+# tuning.PACKED_ONE_ROW_PANELS panels at a time (see there).
+ONE_ROW_PANELS = tuning.PACKED_ONE_ROW_PANELS
 _tile_one_row = _tile_kernel(1, ONE_ROW_PANELS)
 
 _JIT = {"error_model": "numpy", "nogil": True}
-# The rows of the left operand multiplied by every panel in turn: 48 rows of
-# k = 512 floats stay in the core's L2 cache while the panels go by.
-_BLOCK_ROWS = 8 * TILE_ROWS
+# The rows of the left operand multiplied by every panel in turn (see
+# tuning.PACKED_BLOCK_ROWS)
+_BLOCK_ROWS = tuning.PACKED_BLOCK_ROWS
 
 
 @njit_cached(**_JIT)

@@ -20,8 +20,8 @@ from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import blas
-from .compiling import _LoadWithoutRegistries, has_source_file, njit_cached, stamp_with_package
+from . import blas, tuning
+from .compiling import LoadWithoutRegistries, has_source_file, njit_cached, stamp_with_package
 from .fork import fork_gate
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
@@ -79,7 +79,7 @@ def compiled_part(function):
         if has_source_file(function):
             callback.enable_caching()
         if type(callback._cache) is FunctionCache:
-            callback._cache.__class__ = _LoadWithoutRegistries
+            callback._cache.__class__ = LoadWithoutRegistries
             stamp_with_package(callback._cache)
         callback.compile()
         return callback.address, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(callback.address)
@@ -98,7 +98,7 @@ def run(part, descriptors):
     if 1 < count <= blas.threads():
         fork_gate.enter()
         try:
-            with blas._parts_lock:  # one job on the pool at a time, as run_parts
+            with blas.parts_lock():  # one job on the pool at a time, as run_parts
                 run_on_pool(count, address, descriptors.ctypes.data, descriptors.strides[0])
         finally:
             fork_gate.leave()
@@ -134,7 +134,7 @@ def run_compiled(part_address, descriptors, arrays):
     ``descriptors``.  ``arrays``: a tuple of the arrays the rows point into,
     an argument so that the caller holds them until the parts are done (Numba
     frees a variable after its last use).  Only where
-    :func:`pool_from_compiled` is true, and with ``blas._parts_lock`` held by
+    :func:`pool_from_compiled` is true, and with ``blas.parts_lock()`` held by
     the Python code that made the call."""
     count = descriptors.shape[0]
     if 1 < count <= _pool_threads():
@@ -144,16 +144,6 @@ def run_compiled(part_address, descriptors, arrays):
         _call_part(part_address, descriptors[i])
 
 
-# A run on the pool whose last thread started its part this long after the
-# run began, and later than the calling thread took for its own part, had a
-# thread that was not running (another process had its core).  The parts
-# then run on the calling thread alone for CONTENDED_SERIAL_NS: waiting for a
-# time slice of the busy core made a batch-1 CNN 50 times slower.  A thread
-# woken from sleep starts within tens of microseconds.
-# Two such runs in a row, not one: the pool's first run starts its threads.
-LATE_START_NS = 500_000
-LATE_RUNS = 2
-CONTENDED_SERIAL_NS = 1_000_000_000
 
 
 @intrinsic
@@ -209,9 +199,14 @@ blas.pool_state[1] = _timed()[0]
 def run_on_pool(count, function, arguments, step):
     """``function(arguments + i * step)`` for i in 0..count-1 (``function`` the
     address of a ``void (void *)`` function), at once on OpenBLAS's threads, or
-    one after another on the calling thread for a while after a run found a
-    thread late (see LATE_START_NS).  The same parts either way, so the same
-    results.  Under blas._parts_lock."""
+    one after another on the calling thread for a while after runs found a
+    thread late: a run whose last thread started its part more than
+    ``tuning.PARTS_LATE_START_NS`` after the run began, and later than the
+    calling thread took for its own part, had a thread that was not running
+    (another process had its core); after ``tuning.PARTS_LATE_RUNS`` such runs
+    in a row the parts run on the calling thread alone for
+    ``tuning.PARTS_CONTENDED_SERIAL_NS``.  The same parts either way, so the same
+    results.  Under blas.parts_lock()."""
     state = array_at(_pool_state(), (3,), np.int64)
     start = _now_ns()
     if start < state[0]:
@@ -231,25 +226,81 @@ def run_on_pool(count, function, arguments, step):
     latest = start
     for i in range(1, count):
         latest = max(latest, timing[i, 2])
-    if latest - start <= max(LATE_START_NS, own):
+    if latest - start <= max(tuning.PARTS_LATE_START_NS, own):
         state[2] = 0
         return
     state[2] += 1
-    if state[2] >= LATE_RUNS:
-        state[0] = _now_ns() + CONTENDED_SERIAL_NS
+    if state[2] >= tuning.PARTS_LATE_RUNS:
+        state[0] = _now_ns() + tuning.PARTS_CONTENDED_SERIAL_NS
         state[2] = 0
+
+
+# The Python job of the run_parts under way: (part, results, errors), under
+# blas.parts_lock()
+_job = None
+
+
+def _run_job(argument):
+    part, results, errors = _job
+    index = argument or 0
+    try:
+        results[index] = part(index)
+    except BaseException as exc:  # noqa: BLE001 - raised again in the calling thread
+        errors[index] = exc
+
+
+# One callback for every run_parts: a ctypes callback made per call sits in a
+# reference cycle, so what its part refers to (arrays of megabytes) lived on
+# until the garbage collector ran, and malloc handed the next arrays fresh
+# pages (2300 page faults a call of mnist_cnn's batch-64 convolution).
+_run_job_callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_job)
+_run_job_address = ctypes.cast(_run_job_callback, ctypes.c_void_p)
+
+
+
+def run_parts(count, part):
+    """``[part(0), ..., part(count - 1)]``, run at once on OpenBLAS's own threads
+    (``part(0)`` on the calling thread), every product inside them on its
+    calling thread alone.  ``count`` is at most :func:`blas.threads`.
+
+    The parts run on BLAS's threads rather than on threads of their own: after a
+    product OpenBLAS's threads spin for a while, and on a machine with as many
+    threads as cores they would take the cores from any other threads."""
+    if not 1 <= count <= blas.threads():
+        raise ValueError(f"jit_kernels.parts.run_parts: cannot run {count} parts on "
+                         f"{blas.threads()} BLAS threads")
+    global _job
+    results, errors = [None] * count, [None] * count
+    fork_gate.enter()
+    try:
+        with blas.parts_lock(), blas.one_thread():
+            _job = (part, results, errors)
+            try:
+                run_on_pool(count, _run_job_address.value, 0, 1)
+            finally:
+                _job = None
+    finally:
+        fork_gate.leave()
+    for exc in errors:
+        if exc is not None:
+            raise exc
+    return results
 
 
 def pool_from_compiled():
     """Whether compiled code can call :func:`run_compiled` and
     :func:`threads_from_compiled` (OpenBLAS's pool is bound)."""
-    return blas._run_on_pool is not None
+    return blas.pool_bound()
 
 
 # An epilogue's descriptor (see CompiledEpilogue): the part's address, the
 # block's rows and columns, the block's and the output's addresses, then the
 # epilogue's own numbers.
 EPILOGUE_HEAD = 5
+
+
+# an empty epilogue template: no compiled epilogue
+NO_EPILOGUE = np.zeros(0, np.int64)
 
 
 class EpilogueMismatch(ValueError):

@@ -1,7 +1,7 @@
 """Max and average pooling on channels_last NumPy arrays, forward and backward.
 
 Inputs are (N, *spatial, C) with spatial rank 1, 2 or 3; windows, strides and
-'valid' / 'same' padding follow TensorFlow (see :mod:`jit_kernels.conv`).
+'valid' / 'same' padding follow TensorFlow (see :mod:`jit_kernels.windows`).
 Padded positions never take part: max pooling ignores them and average
 pooling divides by the number of input elements inside the window, as
 TensorFlow does.  Like the convolution kernels, every Numba kernel works on
@@ -19,18 +19,26 @@ import numpy as np
 from numba import prange
 
 from .compiling import njit_cached, njit_cached_twins
-from .conv import _JIT, _as_5d, _as_5d_out, _float_arrays, _launch_by_images, _out_shape, geometry
 from .reduce import maximum
+from .windows import (
+    JIT_OPTIONS,
+    as_5d,
+    as_5d_out,
+    batch_output_shape,
+    float_arrays,
+    geometry,
+    launch_by_images,
+)
 
 
-@njit_cached(**_JIT)
+@njit_cached(**JIT_OPTIONS)
 def _window(o, stride, pad, kernel, size):
     """First and one-past-last input index of window ``o``, clipped to the input."""
     start = o * stride - pad
     return max(start, 0), min(start + kernel, size)
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _max_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -55,7 +63,7 @@ def _max_pool(x, y, kernel, stride, pad):
                             target[ch] = maximum(target[ch], source[ch])
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     """Scatter dy to each window's first maximum; parallel over images,
     since windows of one image may overlap.  ``dx`` is (N, D*H*W*C).
@@ -98,7 +106,7 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
                         image[where[ch] + ch] += grad[ch]
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _avg_pool(x, y, kernel, stride, pad):
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = y.shape
@@ -123,7 +131,7 @@ def _avg_pool(x, y, kernel, stride, pad):
                 target[ch] *= scale
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _avg_pool_backward(dy, dx, kernel, stride, pad):
     """Scatter dy / window count to each window; parallel over images."""
     _, size_d, size_h, size_w, channels = dx.shape
@@ -146,6 +154,49 @@ def _avg_pool_backward(dy, dx, kernel, stride, pad):
                                     target[ch] += grad[ch] * scale
 
 
+# the serial kernels, which compiled code calls too (Winograd's parts pool their
+# bands with them)
+max_pool_serial = _max_pool.serial
+avg_pool_serial = _avg_pool.serial
+
+
+def block_finisher(g, out_ch, epilogue, y2, pool, pooled):
+    """The ``finish(block, start, stop)`` the convolution paths call with each
+    block of products, the values of output rows (positions) start..stop-1,
+    whole output lines of one or more images, starting at an even line.
+
+    Without ``pool``, ``epilogue(block, rows start..stop-1 of y2)``.  With
+    ``pool`` ('max' or 'avg'), the block (through the epilogue where given)
+    is pooled over 2x2 windows with stride 2 into its lines of ``pooled``:
+    the full-size result is never written.
+    """
+    if pool is None:
+        return lambda block, start, stop: epilogue(block, y2[start:stop])
+    kernel = max_pool_serial if pool == 'max' else avg_pool_serial
+    out_h, out_w = g.out[1], g.out[2]
+    positions = out_h * out_w
+
+    def finish(block, start, stop):
+        if epilogue is not None:
+            done = np.empty_like(block)
+            epilogue(block, done)
+            block = done
+        while start < stop:  # lines first..last-1 of an image, or whole images
+            n, first = divmod(start, positions)
+            if first or stop - start < positions:
+                images, end = 1, min(stop, (n + 1) * positions)
+                first, last = first // out_w, (end - n * positions) // out_w
+            else:
+                images = (stop - start) // positions
+                end, first, last = start + images * positions, 0, out_h
+            lines = block[:end - start].reshape(images, 1, last - first, out_w, out_ch)
+            target = pooled[n:n + images, first // 2:last // 2]
+            kernel(lines, target.reshape(images, 1, target.shape[1], out_w // 2, out_ch),
+                   (1, 2, 2), (1, 2, 2), (0, 0, 0))
+            block, start = block[end - start:], end
+    return finish
+
+
 def _pool_geometry(x_shape, pool_size, strides, padding):
     rank = len(x_shape) - 2
     if isinstance(pool_size, (int, np.integer)):
@@ -158,7 +209,7 @@ def _pool_geometry(x_shape, pool_size, strides, padding):
 
 
 def _check_gradient(g, dy, x_shape, what):
-    expected = _out_shape(g, x_shape[0], x_shape[-1])
+    expected = batch_output_shape(g, x_shape[0], x_shape[-1])
     if dy.shape != expected:
         raise ValueError(f'{what}: gradient {dy.shape} does not match the pooled shape '
                          f'{expected}')
@@ -166,42 +217,42 @@ def _check_gradient(g, dy, x_shape, what):
 
 def max_pool_forward(x, pool_size, strides=None, padding='valid'):
     """Max pooling of x (N, *spatial, C); ``strides`` defaults to ``pool_size``."""
-    (x,) = _float_arrays(x)
+    (x,) = float_arrays(x)
     g = _pool_geometry(x.shape, pool_size, strides, padding)
-    y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
-    _launch_by_images(_max_pool, x.size, (_as_5d(x, g), _as_5d_out(y, g)), g.kernel, g.stride, g.pad)
+    y = np.empty(batch_output_shape(g, x.shape[0], x.shape[-1]), x.dtype)
+    launch_by_images(_max_pool, x.size, (as_5d(x, g), as_5d_out(y, g)), g.kernel, g.stride, g.pad)
     return y
 
 
 def max_pool_backward(dy, x, pool_size, strides=None, padding='valid'):
     """Gradient of :func:`max_pool_forward` with respect to x: each window's
     gradient goes to its first maximum (row-major order in the window)."""
-    x, dy = _float_arrays(x, dy)
+    x, dy = float_arrays(x, dy)
     g = _pool_geometry(x.shape, pool_size, strides, padding)
     _check_gradient(g, dy, x.shape, 'max_pool_backward')
     dx = np.empty_like(x)
-    _launch_by_images(_max_pool_backward, x.size,
-                      (_as_5d(x, g), _as_5d_out(dy, g), dx.reshape(x.shape[0], int(np.prod(x.shape[1:])))),
+    launch_by_images(_max_pool_backward, x.size,
+                      (as_5d(x, g), as_5d_out(dy, g), dx.reshape(x.shape[0], int(np.prod(x.shape[1:])))),
                       g.kernel, g.stride, g.pad)
     return dx
 
 
 def avg_pool_forward(x, pool_size, strides=None, padding='valid'):
     """Average pooling of x (N, *spatial, C) over the input elements of each window."""
-    (x,) = _float_arrays(x)
+    (x,) = float_arrays(x)
     g = _pool_geometry(x.shape, pool_size, strides, padding)
-    y = np.empty(_out_shape(g, x.shape[0], x.shape[-1]), x.dtype)
-    _launch_by_images(_avg_pool, x.size, (_as_5d(x, g), _as_5d_out(y, g)), g.kernel, g.stride, g.pad)
+    y = np.empty(batch_output_shape(g, x.shape[0], x.shape[-1]), x.dtype)
+    launch_by_images(_avg_pool, x.size, (as_5d(x, g), as_5d_out(y, g)), g.kernel, g.stride, g.pad)
     return y
 
 
 def avg_pool_backward(dy, x_shape, pool_size, strides=None, padding='valid'):
     """Gradient of :func:`avg_pool_forward` with respect to its input of shape ``x_shape``."""
-    (dy,) = _float_arrays(dy)
+    (dy,) = float_arrays(dy)
     x_shape = tuple(int(s) for s in x_shape)
     g = _pool_geometry(x_shape, pool_size, strides, padding)
     _check_gradient(g, dy, x_shape, 'avg_pool_backward')
     dx = np.empty(x_shape, dy.dtype)
-    _launch_by_images(_avg_pool_backward, dx.size, (_as_5d_out(dy, g), _as_5d(dx, g)),
+    launch_by_images(_avg_pool_backward, dx.size, (as_5d_out(dy, g), as_5d(dx, g)),
                       g.kernel, g.stride, g.pad)
     return dx

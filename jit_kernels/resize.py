@@ -18,7 +18,7 @@ import numpy as np
 from numba import prange
 
 from .compiling import njit_cached_twins
-from .conv import _JIT, _float_arrays, _int_tuple, _launch
+from .windows import JIT_OPTIONS, float_arrays, int_tuple, launch
 
 
 def _split_spatial(shape, factors):
@@ -32,7 +32,7 @@ def _split_spatial(shape, factors):
 def upsample_nearest_forward(x, factors):
     """Repeat x (N, *spatial, C) ``factors[i]`` times along spatial axis i."""
     x = np.asarray(x)
-    factors = _int_tuple(factors, x.ndim - 2, 'factors')
+    factors = int_tuple(factors, x.ndim - 2, 'factors')
     split = _split_spatial(x.shape, factors)
     # Broadcasting a view with a length-1 axis after each spatial axis and
     # copying it once writes every output element exactly once.
@@ -45,7 +45,7 @@ def upsample_nearest_backward(dy, factors):
     """Gradient of :func:`upsample_nearest_forward`: the sum over each block."""
     dy = np.asarray(dy)
     rank = dy.ndim - 2
-    factors = _int_tuple(factors, rank, 'factors')
+    factors = int_tuple(factors, rank, 'factors')
     sizes = []
     for size, factor in zip(dy.shape[1:-1], factors):
         if size % factor:
@@ -56,7 +56,7 @@ def upsample_nearest_backward(dy, factors):
     return dy.reshape(_split_spatial(x_shape, factors)).sum(axis=tuple(range(2, 2 * rank + 1, 2)))
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _interpolate_axis(x, low, high, frac, y):
     """y[a, o, b] = x[a, low[o], b] + (x[a, high[o], b] - x[a, low[o], b]) * frac[o]."""
     outer, size_out, inner = y.shape
@@ -71,7 +71,7 @@ def _interpolate_axis(x, low, high, frac, y):
             target[b] = lo[b] + (hi[b] - lo[b]) * f
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _interpolate_axis_backward(dy, low, high, frac, dx):
     """Gradient of :func:`_interpolate_axis`; parallel over the outer axis,
     since several outputs scatter into the same input row."""
@@ -108,8 +108,8 @@ def _as_outer_axis_inner(shape, axis):
 def resize_bilinear_forward(x, size):
     """Resize x (N, *spatial, C) to spatial ``size`` by (bi)linear interpolation,
     with TensorFlow's old align_corners=False sampling."""
-    (x,) = _float_arrays(x)
-    size = _int_tuple(size, x.ndim - 2, 'size')
+    (x,) = float_arrays(x)
+    size = int_tuple(size, x.ndim - 2, 'size')
     for axis in range(x.ndim - 2, 0, -1):
         size_in, size_out = x.shape[axis], size[axis - 1]
         if size_in == size_out:
@@ -117,7 +117,7 @@ def resize_bilinear_forward(x, size):
         shape = x.shape[:axis] + (size_out,) + x.shape[axis + 1:]
         y = np.empty(shape, x.dtype)
         outer, _, inner = _as_outer_axis_inner(x.shape, axis)
-        _launch(_interpolate_axis, y.size, x.reshape(outer, size_in, inner),
+        launch(_interpolate_axis, y.size, x.reshape(outer, size_in, inner),
                 *_axis_samples(size_in, size_out, x.dtype), y.reshape(outer, size_out, inner))
         x = y
     return x
@@ -125,7 +125,7 @@ def resize_bilinear_forward(x, size):
 
 def resize_bilinear_backward(dy, x_shape):
     """Gradient of :func:`resize_bilinear_forward` with respect to its input of shape ``x_shape``."""
-    (dy,) = _float_arrays(dy)
+    (dy,) = float_arrays(dy)
     x_shape = tuple(int(s) for s in x_shape)
     if len(x_shape) != dy.ndim or x_shape[0] != dy.shape[0] or x_shape[-1] != dy.shape[-1]:
         raise ValueError(f'resize_bilinear_backward: gradient {dy.shape} does not match '
@@ -138,7 +138,7 @@ def resize_bilinear_backward(dy, x_shape):
         shape = dy.shape[:axis] + (size_in,) + dy.shape[axis + 1:]
         dx = np.empty(shape, dy.dtype)
         outer, _, inner = _as_outer_axis_inner(dy.shape, axis)
-        _launch(_interpolate_axis_backward, dy.size, dy.reshape(outer, size_out, inner),
+        launch(_interpolate_axis_backward, dy.size, dy.reshape(outer, size_out, inner),
                 *_axis_samples(size_in, size_out, dy.dtype), dx.reshape(outer, size_in, inner))
         dy = dx
     return dy

@@ -18,12 +18,13 @@ import numba
 import numpy as np
 from numba import prange
 
+from . import tuning
 from .compiling import njit_cached_twins
-from .conv import _JIT, PARALLEL_MIN_WORK, _launch
 from .fork import parallel_ok
+from .windows import JIT_OPTIONS, launch
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _scatter_products(rows, cols, values, dense, out, width):
     """out[rows[k]] += values[k] * dense[cols[k]] for every k, out zeroed first.
     Parallel over blocks of ``width`` columns, so that no two tasks write one
@@ -43,7 +44,7 @@ def _scatter_products(rows, cols, values, dense, out, width):
                 target[j] += v * source[j]
 
 
-@njit_cached_twins(**_JIT)
+@njit_cached_twins(**JIT_OPTIONS)
 def _paired_dots(rows, cols, a, b, out):
     """out[k] = a[rows[k]] . b[cols[k]] for every k (rows of at least one item)."""
     n = a.shape[1]
@@ -106,7 +107,7 @@ def sparse_dense_matmul(indices, values, dense_shape, dense, adjoint_a=False):
                          f"dense one of shape {dense.shape}")
     out = np.empty((shape[0], dense.shape[1]), dtype=dense.dtype)
     work = rows.size * dense.shape[1] + out.size
-    if work >= PARALLEL_MIN_WORK and parallel_ok():
+    if work >= tuning.LIBRARY_PARALLEL_MIN_WORK and parallel_ok():
         # a block of columns per thread, each nonzero's row of B read in long
         # stretches (blocks of 64 columns ran 2.5x slower than whole rows)
         width = max(16, -(-dense.shape[1] // numba.get_num_threads()))
@@ -132,5 +133,5 @@ def sampled_products(indices, dense_shape, a, b, adjoint_a=False):
     if a.shape[1] == 0:
         out[:] = 0
         return out
-    _launch(_paired_dots, rows.size * a.shape[1], rows, cols, a, b, out)
+    launch(_paired_dots, rows.size * a.shape[1], rows, cols, a, b, out)
     return out

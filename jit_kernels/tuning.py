@@ -269,3 +269,150 @@ _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
         "run per step inside the loop, on packed weights, where the rows are split "
         "between threads and each gets this many; else as one product over all of a "
         "call's steps before the loop.")
+
+
+
+# ---------------------------------------------------------------------------
+# jit_kernels: how its library loops run.  "Measured on the 2-core AMD VM"
+# means one 2-core AMD EPYC (Zen, AVX2) virtual machine, the only machine
+# these were measured on.
+
+def _cache_bytes(level, default):
+    """The size of the first CPU's data (or unified) cache of ``level`` in bytes,
+    from Linux's /sys; ``default`` where it cannot be read."""
+    folder = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return default
+    for name in sorted(names):
+        try:
+            with open(os.path.join(folder, name, "level")) as f:
+                found = int(f.read())
+            with open(os.path.join(folder, name, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(folder, name, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if found == level and kind in ("Data", "Unified"):
+            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
+            try:
+                return int(size.rstrip("KM")) * scale
+            except ValueError:
+                return default
+    return default
+
+
+# -- jit_kernels/windows.py (every window kernel: conv, pool, resize, sparse)
+_define("LIBRARY_PARALLEL_MIN_WORK", 1 << 24, "elements touched",
+        "measured on the 2-core AMD VM: waking Numba's threads costs a few us on an idle machine, "
+        "but up to a scheduler time slice (4-12 ms) while OpenBLAS's threads still spin after a "
+        "product, which is when the next kernel of a network runs",
+        "below this a library kernel of parallel/serial twins runs its serial twin on the calling "
+        "thread; only huge kernels go parallel on Numba's threads")
+_define("LIBRARY_IMAGE_PARTS_MIN_WORK", 1 << 20, "elements touched",
+        "measured on the 2-core AMD VM: mnist_cnn's max pooling after a product at batch 64 "
+        "(2.4M elements) ran 1.6-2x faster forward and 1.3-2x backward in parts; at batch 16 "
+        "sometimes slower",
+        "from this a kernel parallel over images (pooling) splits its images between BLAS's "
+        "threads, each part on one thread")
+
+# -- jit_kernels/columns.py (im2col)
+_define("CONV_COLUMN_CHUNK_BYTES", 2 << 20, "bytes",
+        "measured on the 2-core AMD VM: mnist_cnn's second layer at batch 64 ran 20% faster with "
+        "2 MB chunks than 8 MB ones; 1 MB ones pay for more switches between the copy and BLAS",
+        "im2col works batch chunk by batch chunk, each chunk's columns about this size, so that "
+        "BLAS reads them while they are still in cache")
+_define("CONV_TAPWISE_MIN_ROWS", 1024, "column rows",
+        "measured on the 2-core AMD VM: tap by tap 3x faster from a few images up; for one image "
+        "(676 rows) the whole view was faster (fewer NumPy calls)",
+        "one-channel im2col copies tap by tap from this many column rows up; below, one copy "
+        "of the whole window view")
+
+# -- jit_kernels/conv.py (forward_path: the choice of algorithm)
+_define("CONV_PATH", None, "algorithm",
+        "a pin: none by default",
+        "where set, forward_path takes this algorithm wherever it can run the convolution "
+        "(pointwise: 1x1 kernels with stride 1; direct, winograd: float32 and float64; "
+        "winograd: 3x3 kernels with stride 1 over one depth slice; columns: any), else its usual "
+        "choice; tests drive every path with it",
+        decides="the algorithm of every forward convolution (jit_kernels.conv.forward_path)",
+        choices=(None, "pointwise", "direct", "winograd", "columns"))
+_define("CONV_DIRECT_MAX_PATCH", 36, "window values (taps x input channels)",
+        "measured on the 2-core AMD VM: mnist_cnn's first layer (9 values) at batch 1 in 65 us "
+        "against im2col's 105 us, 3x3 over RGB (27) at batch 16 0.75 ms against 2.4 ms; with 72 "
+        "values im2col + BLAS was faster (1.6 ms against 2.1 ms)",
+        "a convolution whose windows hold at most this many values runs the direct loop rather "
+        "than im2col + BLAS, whose products with so few columns run far below speed")
+_define("CONV_DIRECT_MIN_ROW_BYTES", 128, "bytes of a row of output channels",
+        "derived: four 256-bit vectors (the direct loop over output channels vectorises from "
+        "LLVM's interleaving of four vectors on, see compiling.py)",
+        "the direct loop only where a row of output channels is at least this long: below, it "
+        "runs as scalar code")
+_define("CONV_DIRECT_CHUNK_BYTES", _cache_bytes(2, 512 << 10), "bytes",
+        "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
+        "the 2-core AMD VM where it was chosen)",
+        "the direct loop's block of outputs per chunk of images, which an epilogue then reads "
+        "while it is in cache")
+_define("CONV_WINOGRAD_MIN_CHANNELS", 8, "channels",
+        "measured on the 2-core AMD VM: mnist_cnn's second layer (32 -> 64 channels) ran "
+        "1.5-1.75x faster from batch 16 up, 1.15-1.3x at batch 1",
+        "3x3 convolutions with stride 1 over at least this many input and output channels run "
+        "as Winograd F(4x4, 3x3): 36 multiplications per 4x4 block and input channel where "
+        "im2col has 144 (float32 results off by about 6e-6 of the largest output, im2col's by "
+        "about 7e-7)")
+_define("CONV_WINOGRAD_MIN_BLOCKS", 32, "4x4 blocks of outputs",
+        "measured on the 2-core AMD VM: 256 -> 256 channels over 7x7 outputs ran at 0.24x "
+        "im2col's speed with 4 blocks, 0.57x with 16, 1.09x with 64; 64 -> 64 over 28x28 (49) "
+        "1.1-1.9x",
+        "Winograd only over at least this many blocks, and one per 1024 products of an input and "
+        "an output channel: the kernel's transform is made on every call, and each of the 36 "
+        "products has a row per block")
+_define("CONV_WINOGRAD_CHUNK_BYTES", 1 << 20, "bytes",
+        "measured on the 2-core AMD VM: 1-2 MB ran alike, 512 KB slower",
+        "Winograd's transformed inputs and products per chunk of bands (4 output rows)")
+_define("CONV_WINOGRAD_MIN_ROWS", 64, "blocks (rows of each product)",
+        "measured on the 2-core AMD VM: with 256 channels in and out, 1 MB is 6 blocks, and 16 "
+        "images of 7x7 outputs took 2.3x as long so",
+        "however small CONV_WINOGRAD_CHUNK_BYTES makes a chunk, each of its products has at "
+        "least this many rows")
+_define("CONV_WINOGRAD_KEPT_BYTES", 64 << 20, "bytes",
+        "chosen: a network's kernels and their transforms, with room to spare",
+        "the Winograd kernel transforms kept between calls (with a copy of each kernel) hold at "
+        "most this many bytes; the oldest go first, the newest is always kept")
+
+# -- jit_kernels/packed.py (the packed micro-kernel)
+_define("PACKED_VECTOR_BYTES", None, "bytes",
+        "derived: None takes the host's vector registers from LLVM's description of its CPU "
+        "(64 with AVX-512, else 32)",
+        "a panel of the packed products is two vectors wide", compiled=True)
+_define("PACKED_ONE_ROW_PANELS", 4, "panels",
+        "measured on one core of the 2-core AMD VM: 1 x 784 by 784 x 512 in 23.8 us against "
+        "31.2 with one panel; 1 x 512 by 512 x 512 in 16.0 against 20.8",
+        "a one-row product takes this many panels at a time: a one-row tile uses each vector of "
+        "the panel once, so loads bound its loop (two a cycle on Zen)", compiled=True)
+_define("PACKED_BLOCK_ROWS", 48, "rows",
+        "chosen: 48 rows of k = 512 floats stay in a core's L2 cache (8 tiles of 6 rows)",
+        "the rows of the left operand multiplied by every panel in turn", compiled=True)
+
+# -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
+_define("PARTS_LATE_START_NS", 500_000, "ns",
+        "chosen: a thread woken from sleep starts within tens of microseconds",
+        "a run on the pool whose last thread started its part this long after the run began, "
+        "and later than the calling thread took for its own part, had a thread that was not "
+        "running (another process had its core)", compiled=True,
+        decides="whether parts run on OpenBLAS's threads or on the calling thread alone "
+                "(jit_kernels.parts.run_on_pool), by the start times of earlier runs; pin it to "
+                "threads with NUMBACKEND_TUNE_PARTS_CONTENDED_SERIAL_NS=0")
+_define("PARTS_LATE_RUNS", 2, "runs in a row",
+        "chosen: the pool's first run starts its threads, so one late run is not enough",
+        "after this many late runs in a row the parts run on the calling thread alone for "
+        "PARTS_CONTENDED_SERIAL_NS", compiled=True,
+        decides="see PARTS_LATE_START_NS")
+_define("PARTS_CONTENDED_SERIAL_NS", 1_000_000_000, "ns",
+        "measured on the 2-core AMD VM: waiting for a time slice of a busy core made a batch-1 "
+        "CNN 50 times slower",
+        "how long the parts run on the calling thread alone once threads were found late; 0 "
+        "pins the parts to the threads", compiled=True,
+        decides="see PARTS_LATE_START_NS")

@@ -882,30 +882,7 @@ def rint_f64(x):
     return np.rint(x)
 
 
-FUNCTIONS = {
-    ("exp", "float32"): exp_f32,
-    ("exp_nonpositive", "float32"): exp_nonpositive_f32,
-    ("expm1", "float32"): expm1_f32,
-    ("log", "float32"): log_f32,
-    ("log1p", "float32"): log1p_f32,
-    ("tanh", "float32"): tanh_f32,
-    ("sigmoid", "float32"): sigmoid_f32,
-    ("softplus", "float32"): softplus_f32,
-    ("sin", "float32"): sin_f32,
-    ("cos", "float32"): cos_f32,
-    ("pow", "float32"): pow_f32,
-    ("rint", "float32"): rint_f32,
-    ("exp", "float64"): exp_f64,
-    ("exp_nonpositive", "float64"): exp_nonpositive_f64,
-    ("expm1", "float64"): expm1_f64,
-    ("log", "float64"): log_f64,
-    ("log1p", "float64"): log1p_f64,
-    ("tanh", "float64"): tanh_f64,
-    ("sigmoid", "float64"): sigmoid_f64,
-    ("softplus", "float64"): softplus_f64,
-    ("sin", "float64"): sin_f64,
-    ("cos", "float64"): cos_f64,
-    ("pow", "float64"): pow_f64,
-    ("rint", "float64"): rint_f64,
-}
+_NAMES = ("exp", "exp_nonpositive", "expm1", "log", "log1p", "tanh", "sigmoid", "softplus", "sin", "cos",
+          "pow", "rint")
+FUNCTIONS = {(name, f"float{bits}"): globals()[f"{name}_f{bits}"] for bits in (32, 64) for name in _NAMES}
 """(name, dtype name) -> scalar function; pow takes (x, y), the others x."""

@@ -236,14 +236,16 @@ class Conv(Lowering):
         if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
             return None
         attrs = node.attrs
-        path, extra = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
-                                         attrs["padding"], attrs["dilation"])
-        if path == "direct" and pool is None:
-            sizes = render.add_constant("conv_sizes", extra[0])
-            offsets = render.add_constant("conv_offsets", extra[1])
+        path = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                                  attrs["padding"], attrs["dilation"])
+        if path is None:
+            return None
+        if path.algorithm == "direct" and pool is None:
+            sizes = render.add_constant("conv_sizes", path.compiled.sizes)
+            offsets = render.add_constant("conv_offsets", path.compiled.offsets)
             render.needs_conv = True
             return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
-        if path != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
+        if path.algorithm != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
             return None
         # the kernel that the transform is of: none yet (NaN differs from all)
         kept = render.add_constant("conv_kernel", np.full(w.shape, np.nan, node.dtype))
@@ -251,9 +253,8 @@ class Conv(Lowering):
         part = render.add_constant("conv_part", conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0],
                                    runs_parts=True)
         render.needs_conv = True
-        mode = 1 if pool == "max" else 0  # jit_kernels.conv's pool modes
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
-                f"{mode}, {int(extra[0])})")]
+                f"{conv.POOL_MODES[pool]}, {path.compiled.chunk})")]
 
 
 def _library_with_epilogue(step, module, fallback):

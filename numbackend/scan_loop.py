@@ -121,8 +121,8 @@ class Loop:
                                   [v[lo:hi] if c else v for c, v in zip(split, invariants)],
                                   stacked, len(bounds) - 1)
 
-        from jit_kernels import blas
-        parts = blas.run_parts(len(bounds) - 1, run_part)
+        from jit_kernels.parts import run_parts  # not at import: it compiles its timing part
+        parts = run_parts(len(bounds) - 1, run_part)
         return tuple(np.concatenate(finals) for finals in zip(*parts))
 
 

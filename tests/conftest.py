@@ -32,3 +32,12 @@ def plan_runs(tuned):
         fn.plan.run = counted
         return runs
     return count
+
+
+@pytest.fixture
+def tune():
+    """``tune(NAME=value, ...)``: tuning entries overridden until the test ends
+    (see numbackend.tuning.override)."""
+    from jit_kernels import tuning  # imports nothing else
+    with contextlib.ExitStack() as stack:
+        yield lambda **values: stack.enter_context(tuning.override(**values))

@@ -2,17 +2,18 @@
 import numpy as np
 import pytest
 
-from jit_kernels import blas, conv
+from jit_kernels import blas, tuning
 
 needs_blas = pytest.mark.skipif(not blas.AVAILABLE,
                                 reason="NumPy's BLAS is not OpenBLAS ILP64: plans run from Python")
 
 
 @pytest.fixture(autouse=True)
-def all_threads(monkeypatch):
+def all_threads():
     """Run every kernel on all threads, however small the arrays, so that the
     tests see the parallel loops (the serial fallback is the same code)."""
-    monkeypatch.setattr(conv, 'PARALLEL_MIN_WORK', 0)
+    with tuning.override(LIBRARY_PARALLEL_MIN_WORK=0):
+        yield
 
 
 def random_arrays(seed):

@@ -423,14 +423,14 @@ def test_conv_epilogue_bias_and_relu(kernel):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_conv_epilogue_after_the_direct_loop(monkeypatch):
+def test_conv_epilogue_after_the_direct_loop(monkeypatch, tune):
     # mnist_cnn's first layer: 9 values a window, 32 float32 channels, in chunks of
     # one image, each through bias + relu
-    from jit_kernels import conv
+    from jit_kernels import direct
     passes = []
-    chunk = conv._window_chunk
-    monkeypatch.setattr(conv, "_window_chunk", lambda *a: passes.append(1) or chunk(*a))
-    monkeypatch.setattr(conv, "_DIRECT_CHUNK_BYTES", 1)
+    chunk = direct._window_chunk
+    monkeypatch.setattr(direct, "_window_chunk", lambda *a: passes.append(1) or chunk(*a))
+    tune(CONV_DIRECT_CHUNK_BYTES=1)
     x, w, b = rand(3, 8, 7, 1).astype("float32"), rand(3, 3, 1, 32).astype("float32"), rand(32)
     f, got = _epilogue_function(
         lambda x: K.relu(K.bias_add(K.conv2d(x, K.variable(w)), K.variable(b.astype("float32")))), x,
@@ -479,9 +479,8 @@ def test_conv_epilogue_scalars_flat_and_float32():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_conv_epilogue_split_between_threads(monkeypatch):
-    from jit_kernels import conv
-    monkeypatch.setattr(conv, "_COLUMN_CHUNK_BYTES", 1)  # one image a chunk: 5 chunks, in parts
+def test_conv_epilogue_split_between_threads(tune):
+    tune(CONV_COLUMN_CHUNK_BYTES=1)  # one image a chunk: 5 chunks, in parts
     x, w, b = rand(5, 6, 7, 2), rand(3, 3, 2, 4), rand(4)
     f, got = _epilogue_function(lambda x: K.relu(K.conv2d(x, K.variable(w, dtype="float64")) + K.variable(b, dtype="float64")), x)
     assert "conv+fused" in f.explain()

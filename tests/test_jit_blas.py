@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from jit_kernels import blas
+from jit_kernels import blas, parts
 
 pytestmark = pytest.mark.skipif(not blas.AVAILABLE, reason="NumPy's BLAS is not OpenBLAS ILP64")
 
@@ -63,7 +63,7 @@ def test_run_parts_runs_each_part_at_once_on_its_own_thread_with_single_threaded
         blas.matmul(a, a * i, out, False, False)
         return i, threading.get_ident(), blas.threads(), out
 
-    results = blas.run_parts(count, part)
+    results = parts.run_parts(count, part)
     assert [r[0] for r in results] == list(range(count))
     assert results[0][1] == threading.get_ident()  # the first part on the calling thread
     assert len({r[1] for r in results}) == count
@@ -83,9 +83,9 @@ def test_run_parts_raises_a_part_s_error_and_restores_the_thread_count():
         return i
 
     with pytest.raises(KeyError, match="part 1"):
-        blas.run_parts(2, part)
+        parts.run_parts(2, part)
     assert blas.threads() == before
-    assert blas.run_parts(2, lambda i: i * 10) == [0, 10]
+    assert parts.run_parts(2, lambda i: i * 10) == [0, 10]
 
 
 @needs_two_threads
@@ -97,7 +97,7 @@ def test_run_parts_lets_go_of_its_parts_when_it_returns():
 
     def run_on_an_array():
         held = np.ones(1000)
-        blas.run_parts(2, lambda i: held.sum())
+        parts.run_parts(2, lambda i: held.sum())
         return weakref.ref(held)
 
     enabled = gc.isenabled()
@@ -111,6 +111,6 @@ def test_run_parts_lets_go_of_its_parts_when_it_returns():
 
 def test_run_parts_refuses_more_parts_than_threads():
     with pytest.raises(ValueError, match="cannot run"):
-        blas.run_parts(blas.threads() + 1, lambda i: i)
+        parts.run_parts(blas.threads() + 1, lambda i: i)
     with pytest.raises(ValueError, match="cannot run"):
-        blas.run_parts(0, lambda i: i)
+        parts.run_parts(0, lambda i: i)

@@ -7,10 +7,12 @@ random x and dy.  Arrays are tiny and dtypes few, so each Numba kernel
 compiles only once or twice.
 """
 
+import collections
+
 import numpy as np
 import pytest
 
-from jit_kernels import blas, conv, parts
+from jit_kernels import blas, conv, direct, parts, winograd
 from tests.kernel_helpers import all_threads, inner, random_arrays  # noqa: F401 - all_threads is an autouse fixture
 
 random = random_arrays(1234)
@@ -131,14 +133,14 @@ def test_conv_backward_matches_jacobian_columns():
 
 
 @pytest.mark.parametrize('channels', [1, 4])
-def test_conv_batch_chunks(monkeypatch, channels):
+def test_conv_batch_chunks(monkeypatch, channels, tune):
     """Several im2col chunks (one image each) give the same results as one."""
     x, w = random((3, 6, 7, channels)), random((3, 3, channels, 8))
     expected = reference_conv(x, w, 1, 'same', 1)
     dy = random(expected.shape)
     whole = (conv.conv_backward_input(dy, w, x.shape, 1, 'same'),
              conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'))
-    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)
+    tune(CONV_COLUMN_CHUNK_BYTES=1)
     np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'), expected, rtol=1e-12,
                                atol=1e-12)
     np.testing.assert_allclose(conv.conv_backward_input(dy, w, x.shape, 1, 'same'), whole[0],
@@ -153,8 +155,8 @@ def _split_results(x, w, dy):
             conv.conv_backward_kernel(x, dy, w.shape, 1, 'same'))
 
 
-@pytest.mark.parametrize('threads, parts', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
-def test_conv_batch_split_between_threads(monkeypatch, threads, parts):
+@pytest.mark.parametrize('threads, count', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
+def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
     """With a chunk per part the batch splits into parts of whole images, none
     empty, whose results are those of the whole batch at once."""
     x, w = random((5, 6, 7, 3)), random((3, 3, 3, 4))
@@ -166,25 +168,25 @@ def test_conv_batch_split_between_threads(monkeypatch, threads, parts):
         calls.append(count)
         return [part(i) for i in range(count)]
 
-    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)  # one image a chunk
+    tune(CONV_COLUMN_CHUNK_BYTES=1)  # one image a chunk
     monkeypatch.setattr(blas, 'threads', lambda: threads)
-    monkeypatch.setattr(blas, 'run_parts', one_after_another)
+    monkeypatch.setattr(parts, 'run_parts', one_after_another)
     split = _split_results(x, w, dy)
-    assert calls == [parts] * 3
+    assert calls == [count] * 3
     np.testing.assert_allclose(split[0], reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
     for got, expected in zip(split[1:], whole[1:]):
         np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.skipif(blas.threads() < 2, reason='OpenBLAS runs one thread here')
-def test_conv_batch_split_runs_on_blas_threads(monkeypatch):
+def test_conv_batch_split_runs_on_blas_threads(monkeypatch, tune):
     x, w = random((4, 6, 7, 3)), random((3, 3, 3, 4))
     dy = random((4, 6, 7, 4))
     whole = _split_results(x, w, dy)
     calls = []
-    run_parts = blas.run_parts
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
-    monkeypatch.setattr(conv, '_COLUMN_CHUNK_BYTES', 1)
+    run_parts = parts.run_parts
+    monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
+    tune(CONV_COLUMN_CHUNK_BYTES=1)
     split = _split_results(x, w, dy)
     assert calls == [min(blas.threads(), 4)] * 3
     for got, expected in zip(split, whole):
@@ -192,19 +194,19 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch):
 
 
 @pytest.fixture
-def direct_passes(monkeypatch):
+def direct_passes(monkeypatch, tune):
     """Every convolution with a window of up to 72 values runs the direct loop;
     yields the list of its chunks' passes (nine window values each)."""
     passes = []
-    chunk = conv._window_chunk
+    chunk = direct._window_chunk
 
     def counted(*args):
         passes.append(args[4].shape[0])  # the offsets, a row of nine a pass
         return chunk(*args)
 
-    monkeypatch.setattr(conv, 'DIRECT_MAX_PATCH', 72)
-    monkeypatch.setattr(conv, 'DIRECT_MIN_ROW_BYTES', 0)
-    monkeypatch.setattr(conv, '_window_chunk', counted)
+    tune(CONV_DIRECT_MAX_PATCH=72)
+    tune(CONV_DIRECT_MIN_ROW_BYTES=0)
+    monkeypatch.setattr(direct, '_window_chunk', counted)
     return passes
 
 
@@ -222,17 +224,17 @@ def test_conv_direct_loop(direct_passes, x_shape, w_shape, strides, padding, dil
                                rtol=1e-12, atol=1e-12)
 
 
-def test_conv_path_follows_a_changed_limit(monkeypatch):
+def test_conv_path_follows_a_changed_limit(monkeypatch, tune):
     """The path a convolution of given shapes takes is kept (it costs more than a
     batch-1 layer to work out), but not past a change of the limits that chose
     it: the same shapes after raising DIRECT_MAX_PATCH run the direct loop."""
     x, w = random((2, 6, 5, 2)), random((3, 3, 2, 4))  # 18 values a window, 4 channels
     chunks = []
-    chunk = conv._window_chunk
-    monkeypatch.setattr(conv, '_window_chunk', lambda *a: chunks.append(1) or chunk(*a))
+    chunk = direct._window_chunk
+    monkeypatch.setattr(direct, '_window_chunk', lambda *a: chunks.append(1) or chunk(*a))
     conv.conv_forward(x, w)
     assert chunks == []  # 4 float64 channels are 32 bytes a row: im2col
-    monkeypatch.setattr(conv, 'DIRECT_MIN_ROW_BYTES', 0)
+    tune(CONV_DIRECT_MIN_ROW_BYTES=0)
     y = conv.conv_forward(x, w)
     assert chunks == [1]
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-12, atol=1e-12)
@@ -252,7 +254,7 @@ def test_conv_direct_loop_padding_values_read_zeros(direct_passes):
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
 
 
-def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w):
+def _chunked_with_epilogue(monkeypatch, tune, chunk_bytes, threads, x, w):
     """conv_forward(x, w, 'same') through a bias + relu epilogue, with the chunk
     size ``chunk_bytes`` at 1 byte and the parts on ``threads`` (run one after
     another), checked against the brute-force convolution; returns the rows of
@@ -263,9 +265,9 @@ def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w):
         blocks.append(block.shape[0])
         np.maximum(block + bias, 0, out=out)
 
-    monkeypatch.setattr(conv, chunk_bytes, 1)
+    tune(**{chunk_bytes: 1})
     monkeypatch.setattr(blas, 'threads', lambda: threads)
-    monkeypatch.setattr(blas, 'run_parts', lambda count, part: [part(i) for i in range(count)])
+    monkeypatch.setattr(parts, 'run_parts', lambda count, part: [part(i) for i in range(count)])
     y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
     expected = np.maximum(reference_conv(x, w, 1, 'same', 1) + bias, 0)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
@@ -273,36 +275,36 @@ def _chunked_with_epilogue(monkeypatch, chunk_bytes, threads, x, w):
 
 
 @pytest.mark.parametrize('threads', [1, 2])
-def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads):
+def test_conv_direct_loop_chunks_and_epilogue(monkeypatch, direct_passes, threads, tune):
     """Chunks of one image, split between threads, each block through the
     epilogue into its own rows of the result."""
-    blocks = _chunked_with_epilogue(monkeypatch, '_DIRECT_CHUNK_BYTES', threads,
+    blocks = _chunked_with_epilogue(monkeypatch, tune, 'CONV_DIRECT_CHUNK_BYTES', threads,
                                     random((5, 7, 6, 2)), random((3, 3, 2, 4)))
     assert blocks == [42] * 5 and direct_passes == [2] * 5
 
 
-def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
+def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch, tune):
     """With the default limits mnist_cnn's first layer (9 values a window, 32
     float32 channels) runs the direct loop, its second (288 values) Winograd."""
     taken = []
-    chunk = conv._window_chunk
-    monkeypatch.setattr(conv, '_window_chunk', lambda *a: taken.append(1) or chunk(*a))
+    chunk = direct._window_chunk
+    monkeypatch.setattr(direct, '_window_chunk', lambda *a: taken.append(1) or chunk(*a))
     x, w = random((2, 10, 9, 1), np.float32), random((3, 3, 1, 32), np.float32)
     y = conv.conv_forward(x, w)
     assert taken == [1] and y.dtype == np.float32
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'valid', 1), rtol=1e-4, atol=1e-5)
-    winograd = []
-    in_parts = conv._winograd_in_parts
-    monkeypatch.setattr(conv, '_winograd_in_parts', lambda *a, **k: winograd.append(1) or in_parts(*a, **k))
+    winograd_runs = []
+    in_parts = winograd.winograd_in_parts
+    monkeypatch.setattr(winograd, 'winograd_in_parts', lambda *a, **k: winograd_runs.append(1) or in_parts(*a, **k))
     conv.conv_forward(random((8, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
-    assert taken == [1] and winograd == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
+    assert taken == [1] and winograd_runs == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
     # fewer blocks than WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
     conv.conv_forward(random((7, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
-    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
+    tune(CONV_WINOGRAD_MIN_BLOCKS=0)
     conv.conv_forward(random((1, 10, 9, 128), np.float32), random((3, 3, 128, 64), np.float32))
-    assert winograd == [1]
+    assert winograd_runs == [1]
     conv.conv_forward(random((2, 10, 9, 128), np.float32), random((3, 3, 128, 64), np.float32))
-    assert winograd == [1, 1]  # 8 blocks, 8192 / 1024 channel pairs
+    assert winograd_runs == [1, 1]  # 8 blocks, 8192 / 1024 channel pairs
     # float16, which Numba's loops do not take, through im2col and NumPy's matmul
     x, w = random((2, 10, 9, 1), np.float16), random((3, 3, 1, 64), np.float16)
     y = conv.conv_forward(x, w)
@@ -311,16 +313,16 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch):
 
 
 @pytest.fixture
-def winograd_chunks(monkeypatch):
+def winograd_chunks(monkeypatch, tune):
     """Every 3x3 convolution with stride 1 over 8 channels or more runs Winograd,
     however few its blocks; yields the list of bands of every chunk it
     transforms (4 output rows of an image a band): the chunks of
     ``_winograd_chunk`` calls, or all the bands at once where they go to
     ``_winograd_in_parts``."""
-    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
-    monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 1)
+    tune(CONV_WINOGRAD_MIN_BLOCKS=0)
+    tune(CONV_WINOGRAD_MIN_ROWS=1)
     chunks = []
-    bands, in_parts = conv._winograd_chunk, conv._winograd_in_parts
+    bands, in_parts = winograd._winograd_chunk, winograd.winograd_in_parts
 
     def counted(rows, width, tiles_h, tiles_w, first, end, *rest):
         chunks.append(end - first)
@@ -330,8 +332,8 @@ def winograd_chunks(monkeypatch):
         chunks.append(rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h)
         return in_parts(rows, width, tiles_h, tiles_w, *rest, **options)
 
-    monkeypatch.setattr(conv, '_winograd_chunk', counted)
-    monkeypatch.setattr(conv, '_winograd_in_parts', counted_in_parts)
+    monkeypatch.setattr(winograd, '_winograd_chunk', counted)
+    monkeypatch.setattr(winograd, 'winograd_in_parts', counted_in_parts)
     return chunks
 
 
@@ -426,8 +428,8 @@ def test_conv_winograd_kernel_transform_is_kept_until_the_kernel_changes(monkeyp
     """The kernel's transform is made once for a kernel used again, and made
     anew when the kernel's values change in place (same array, same address)."""
     made = []
-    transform = conv._winograd_kernel_transform
-    monkeypatch.setattr(conv, '_winograd_kernel_transform', lambda *a: made.append(1) or transform(*a))
+    transform = winograd._winograd_kernel_transform
+    monkeypatch.setattr(winograd, '_winograd_kernel_transform', lambda *a: made.append(1) or transform(*a))
     x, w = random((2, 6, 7, 8)), random((3, 3, 8, 9))
     for _ in range(2):
         np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'),
@@ -440,19 +442,19 @@ def test_conv_winograd_kernel_transform_is_kept_until_the_kernel_changes(monkeyp
 
 
 @pytest.mark.parametrize('threads', [1, 2])
-def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads):
+def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads, tune):
     """Chunks of one band (an image's band split from the next), split between
     threads, each block of output rows through the epilogue."""
-    blocks = _chunked_with_epilogue(monkeypatch, '_WINOGRAD_CHUNK_BYTES', threads,
+    blocks = _chunked_with_epilogue(monkeypatch, tune, 'CONV_WINOGRAD_CHUNK_BYTES', threads,
                                     random((3, 7, 6, 8)), random((3, 3, 8, 8)))
     assert winograd_chunks == [1] * 6 and blocks == [24, 18] * 3  # 4 rows of 6, then 3
 
 
-def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winograd_chunks):
+def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winograd_chunks, tune):
     """However small the chunk's bytes, each product has _WINOGRAD_MIN_ROWS rows
     (blocks) where the batch has them: 8 rows are 4 bands of 2 blocks."""
-    monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
-    monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 8)
+    tune(CONV_WINOGRAD_CHUNK_BYTES=1)
+    tune(CONV_WINOGRAD_MIN_ROWS=8)
     monkeypatch.setattr(blas, 'threads', lambda: 1)  # the bands in order, on one thread
     x, w = random((5, 7, 6, 8)), random((3, 3, 8, 8))  # 7 x 6 outputs: 2 bands of 2 blocks
     y = conv.conv_forward(x, w, 1, 'same')
@@ -462,7 +464,7 @@ def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winogra
 
 @pytest.mark.parametrize('pool', [None, 'max'])
 @pytest.mark.parametrize('chunked', [True, False])
-def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked, pool):
+def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked, pool, tune):
     """An inf in the input makes inf only in the outputs whose windows hold it,
     and a NaN NaN only there: in Winograd's transforms they would reach every
     output of their blocks, so such a chunk, or the parts' bands, switch the
@@ -471,7 +473,7 @@ def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd
     x[1, 4, 5, 3] = np.inf
     x[1, 8, 9, 0] = np.nan  # a corner: in 4 windows
     if chunked:
-        monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
+        tune(CONV_WINOGRAD_CHUNK_BYTES=1)
     y = conv.conv_forward(x, w, 1, 'same', pool=pool)
     # image 0's 3 bands, then image 1's first stops it; or all 6 bands at once
     assert winograd_chunks == ([1] * 3 if chunked else [6])
@@ -503,15 +505,14 @@ POOLED_CONV_CASES = [  # x shape, kernel shape, padding: each convolution path
 @pytest.mark.parametrize('chunked', [True, False])
 @pytest.mark.parametrize('mode', ['max', 'avg'])
 @pytest.mark.parametrize('x_shape, w_shape, padding', POOLED_CONV_CASES)
-def test_conv_pooled(monkeypatch, winograd_chunks, x_shape, w_shape, padding, mode, chunked):
+def test_conv_pooled(monkeypatch, winograd_chunks, x_shape, w_shape, padding, mode, chunked, tune):
     """A convolution pooled 2x2 after its epilogue, block by block: chunks of one
     image (im2col, the direct loop) or two bands (Winograd: of 3 an image, so
     that chunks cross images), or blocks of the whole batch; odd output rows
     and columns left out."""
     if chunked:
-        for name in ('_COLUMN_CHUNK_BYTES', '_DIRECT_CHUNK_BYTES', '_WINOGRAD_CHUNK_BYTES'):
-            monkeypatch.setattr(conv, name, 1)
-        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)  # 2 bands of 3 blocks; 3 an image
+        tune(CONV_COLUMN_CHUNK_BYTES=1, CONV_DIRECT_CHUNK_BYTES=1, CONV_WINOGRAD_CHUNK_BYTES=1)
+        tune(CONV_WINOGRAD_MIN_ROWS=2 * 3)  # 2 bands of 3 blocks; 3 an image
     x, w, bias = random(x_shape), random(w_shape), random(w_shape[-1])
 
     def epilogue(block, out):
@@ -544,14 +545,13 @@ _vector_minus_block_part = parts.compiled_part(_vector_minus_block)
 @pytest.mark.parametrize('compiled', [True, False])
 @pytest.mark.parametrize('chunked', [True, False])
 @pytest.mark.parametrize('x_shape, w_shape, padding', POOLED_CONV_CASES)
-def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, padding, chunked, compiled):
+def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, padding, chunked, compiled, tune):
     """With pool_first, the epilogue runs on the max-pooled values (a decreasing
     one here, so that the other order gives other numbers): in Winograd's parts
     where they pool a compiled epilogue's blocks, else after the pooling."""
     if chunked:
-        for name in ('_COLUMN_CHUNK_BYTES', '_DIRECT_CHUNK_BYTES', '_WINOGRAD_CHUNK_BYTES'):
-            monkeypatch.setattr(conv, name, 1)
-        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)
+        tune(CONV_COLUMN_CHUNK_BYTES=1, CONV_DIRECT_CHUNK_BYTES=1, CONV_WINOGRAD_CHUNK_BYTES=1)
+        tune(CONV_WINOGRAD_MIN_ROWS=2 * 3)
     x, w, vector = random(x_shape), random(w_shape), random(w_shape[-1])
     from_python = []
     if compiled:
@@ -573,13 +573,13 @@ def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, paddi
 
 @pytest.mark.parametrize('pool', [None, 'max', 'avg'])
 @pytest.mark.parametrize('chunked', [True, False])
-def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winograd_chunks, chunked, pool):
+def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winograd_chunks, chunked, pool, tune):
     """A compiled epilogue (a decreasing one: pooling it first would give other
     numbers) runs in Winograd's parts on their bands' outputs, before their
     pooling; in chunks, from Python."""
     if chunked:
-        monkeypatch.setattr(conv, '_WINOGRAD_CHUNK_BYTES', 1)
-        monkeypatch.setattr(conv, '_WINOGRAD_MIN_ROWS', 2 * 3)
+        tune(CONV_WINOGRAD_CHUNK_BYTES=1)
+        tune(CONV_WINOGRAD_MIN_ROWS=2 * 3)
     x, w, vector = random((3, 9, 10, 8)), random((3, 3, 8, 8)), random(8)
     epilogue = parts.CompiledEpilogue(_vector_minus_block_part, np.float64, [parts.address(vector)],
                                       keep=(vector,), widths=[vector.size])
@@ -606,9 +606,9 @@ def test_compiled_direct_forward(dtype):
             ((3, 9, 8, 1), (3, 3, 1, 32), 1, 'valid', 1), ((2, 7, 6, 3), (2, 2, 3, 32), 1, 'valid', 1),
             ((2, 9, 8, 2), (3, 3, 2, 32), (2, 1), 'same', 1), ((1, 9, 10, 1), (3, 3, 1, 32), 1, 'same', 2)):
         x, w = random(x_shape, dtype), random(w_shape, dtype)
-        path, (sizes, offsets) = conv.compiled_path(x.shape, w.shape, x.dtype, strides, padding, dilation)
-        assert path == 'direct'
-        got = conv.direct_forward(x, w, sizes, offsets)
+        path = conv.compiled_path(x.shape, w.shape, x.dtype, strides, padding, dilation)
+        assert path.algorithm == 'direct'
+        got = conv.direct_forward(x, w, path.compiled.sizes, path.compiled.offsets)
         want = reference_conv(x.astype(np.float64), w.astype(np.float64), strides, padding, dilation)
         assert got.dtype == dtype
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -618,13 +618,13 @@ def test_compiled_paths():
     """Only a direct loop, or Winograd over whole 4x4 blocks without padding
     (at batch 1 already: more images only add blocks), have compiled forms."""
     f32 = np.dtype(np.float32)
-    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] == 'winograd'
-    assert conv.compiled_path((None, 26, 25, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None
-    assert conv.compiled_path((None, 24, 24, 32), (3, 3, 32, 64), f32, 1, 'same', 1)[0] is None
-    assert conv.compiled_path((None, 10, 10, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None  # 4 blocks
-    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 2, 'valid', 1)[0] is None
-    assert conv.compiled_path((None, None, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)[0] is None
-    assert conv.compiled_path((None, 9, 9, 8), (3, 3, 8, 16), f32, 1, 'valid', 1)[0] is None  # im2col
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1).algorithm == 'winograd'
+    assert conv.compiled_path((None, 26, 25, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None
+    assert conv.compiled_path((None, 24, 24, 32), (3, 3, 32, 64), f32, 1, 'same', 1) is None
+    assert conv.compiled_path((None, 10, 10, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None  # 4 blocks
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 2, 'valid', 1) is None
+    assert conv.compiled_path((None, None, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None
+    assert conv.compiled_path((None, 9, 9, 8), (3, 3, 8, 16), f32, 1, 'valid', 1) is None  # im2col
 
 
 @pytest.mark.skipif(not parts.pool_from_compiled(), reason="OpenBLAS's thread pool is not bound")
@@ -688,10 +688,10 @@ def test_conv_float32(kernel, channels):
 
 @pytest.mark.parametrize('kernel, channels, out_ch',
                          [((3, 3), 2, 4), ((3, 3), 2, 32), ((1, 1), 2, 4), ((3, 3), 8, 8)])
-def test_conv_of_an_empty_batch(monkeypatch, kernel, channels, out_ch):
+def test_conv_of_an_empty_batch(monkeypatch, kernel, channels, out_ch, tune):
     """No images in, none out, and zero kernel gradients (im2col, the direct loop,
     the 1x1 product, Winograd)."""
-    monkeypatch.setattr(conv, 'WINOGRAD_MIN_BLOCKS', 0)
+    tune(CONV_WINOGRAD_MIN_BLOCKS=0)
     x, w = np.zeros((0, 6, 7, channels), np.float32), random(kernel + (channels, out_ch), np.float32)
     y = conv.conv_forward(x, w, 1, 'same')
     assert y.shape == (0, 6, 7, out_ch) and y.dtype == np.float32
@@ -873,26 +873,63 @@ def test_conv_winograd_kernel_transform_is_dropped_with_its_kernel(winograd_chun
     x = random((1, 6, 7, 8))
     for make in (lambda: random((3, 3, 8, 9)), lambda: random((3 * 3 * 8 * 9,)).reshape(3, 3, 8, 9)):
         w = make()
-        before = len(conv._kernel_transforms)
+        before = len(winograd._kernel_transforms)
         conv.conv_forward(x, w, 1, 'same')
-        assert len(conv._kernel_transforms) == before + 1
+        assert len(winograd._kernel_transforms) == before + 1
         del w
-        assert len(conv._kernel_transforms) == before
+        assert len(winograd._kernel_transforms) == before
 
 
-def test_conv_winograd_kernel_transforms_keep_to_their_bytes(monkeypatch, winograd_chunks):
-    """Past _KERNEL_TRANSFORMS_MAX_BYTES the oldest kept transforms go first; the
+def test_conv_winograd_kernel_transforms_keep_to_their_bytes(monkeypatch, winograd_chunks, tune):
+    """Past CONV_WINOGRAD_KEPT_BYTES the oldest kept transforms go first; the
     newest stays however large."""
-    monkeypatch.setattr(conv, '_kernel_transforms', conv.collections.OrderedDict())
+    monkeypatch.setattr(winograd, '_kernel_transforms', collections.OrderedDict())
     each = (9 + 36) * 8 * 9 * 8  # a kernel's copy and its transform, float64
-    monkeypatch.setattr(conv, '_KERNEL_TRANSFORMS_MAX_BYTES', 2 * each)
+    tune(CONV_WINOGRAD_KEPT_BYTES=2 * each)
     x = random((1, 6, 7, 8))
     kernels = [random((3, 3, 8, 9)) for _ in range(4)]
     for w in kernels:
         np.testing.assert_allclose(conv.conv_forward(x, w, 1, 'same'),
                                    reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
-    assert len(conv._kernel_transforms) == 2
-    assert all(np.array_equal(kept, w) for (kept, _), w in zip(conv._kernel_transforms.values(), kernels[2:]))
-    monkeypatch.setattr(conv, '_KERNEL_TRANSFORMS_MAX_BYTES', 1)
+    assert len(winograd._kernel_transforms) == 2
+    assert all(np.array_equal(kept, w) for (kept, _), w in zip(winograd._kernel_transforms.values(), kernels[2:]))
+    tune(CONV_WINOGRAD_KEPT_BYTES=1)
     conv.conv_forward(x, kernels[0], 1, 'same')
-    assert len(conv._kernel_transforms) == 1
+    assert len(winograd._kernel_transforms) == 1
+
+
+@pytest.mark.parametrize('algorithm', conv.ALGORITHMS)
+@pytest.mark.parametrize('dtype', [np.float32, np.float64])
+def test_conv_path_pin_runs_each_algorithm(tune, algorithm, dtype):
+    """tuning.CONV_PATH makes forward_path take each algorithm where it can run
+    the convolution, plain, pooled and through an epilogue, and leaves the usual
+    choice where it cannot (a 3x3 kernel is no 1x1 product; strides are not
+    Winograd's)."""
+    tune(CONV_PATH=algorithm)
+    tol = 1e-4 if dtype == np.float32 else 1e-10
+    for kernel, strides in (((1, 1), 1), ((3, 3), 1), ((3, 3), 2)):
+        x, w = random((2, 10, 9, 8), dtype), random(kernel + (8, 16), dtype)
+        path = conv.forward_path(x.shape, w.shape, dtype, strides, 'valid', 1)
+        runs = {'pointwise': kernel == (1, 1), 'winograd': kernel == (3, 3) and strides == 1}
+        assert (path.algorithm == algorithm) == runs.get(algorithm, True)
+        want = reference_conv(x.astype(np.float64), w.astype(np.float64), strides, 'valid', 1)
+        scale = tol * np.abs(want).max()
+        np.testing.assert_allclose(conv.conv_forward(x, w, strides), want, rtol=tol, atol=scale)
+        np.testing.assert_allclose(conv.conv_forward(x, w, strides, pool='max'), reference_pool_2x2(want, 'max'),
+                                   rtol=tol, atol=scale)
+        relu = conv.conv_forward(x, w, strides, epilogue=lambda block, out: np.maximum(block, 0, out=out))
+        np.testing.assert_allclose(relu, np.maximum(want, 0), rtol=tol, atol=scale)
+
+
+def test_conv_path_pin_reaches_the_compiled_forms(tune):
+    """compiled_path follows the pin too: a convolution pinned to im2col has no
+    compiled form; one with too few blocks for Winograd gets it when pinned."""
+    f32 = np.dtype(np.float32)
+    shapes = ((None, 10, 10, 32), (3, 3, 32, 64), f32, 1, 'valid', 1)  # 4 blocks: im2col unpinned
+    assert conv.compiled_path(*shapes) is None
+    tune(CONV_PATH='winograd')
+    assert conv.compiled_path(*shapes).algorithm == 'winograd'
+    tune(CONV_PATH='columns')
+    assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None
+    with pytest.raises(ValueError, match="CONV_PATH must be one of"):
+        tune(CONV_PATH='fft')

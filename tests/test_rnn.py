@@ -712,12 +712,13 @@ def split_runs(monkeypatch, tuned):
     if not blas.AVAILABLE or blas.threads() < 2:
         pytest.skip("the rows are split between OpenBLAS's threads, and it has one here")
     tuned(SCAN_SPLIT_MIN_ROWS_PER_THREAD=1, SCAN_SPLIT_MIN_ELEMENTS=0)
-    runs, run_parts = [], blas.run_parts
+    from jit_kernels import parts
+    runs, run_parts = [], parts.run_parts
 
     def counted(count, part):
         runs.append(count)
         return run_parts(count, part)
-    monkeypatch.setattr(blas, "run_parts", counted)
+    monkeypatch.setattr(parts, "run_parts", counted)
     return runs
 
 

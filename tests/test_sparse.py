@@ -271,8 +271,9 @@ def test_concatenate_of_sparse_placeholders_and_of_mixed_tensors():
         K.concatenate([x, y], axis=0)
 
 
-def test_kernels_check_indices_and_add_repeated_ones(monkeypatch):
+def test_kernels_check_indices_and_add_repeated_ones():
     from jit_kernels import sparse as kernels
+    from jit_kernels import tuning
     indices = np.array([[0, 1], [2, 0], [0, 1]])
     values = np.array([1.0, 2.0, 3.0])
     dense = RNG.standard_normal((2, 70))
@@ -284,10 +285,9 @@ def test_kernels_check_indices_and_add_repeated_ones(monkeypatch):
     # the parallel twin, on blocks of 16 columns (the last of 6 columns)
     kernels._scatter_products(rows, cols, values, dense, parallel, 16)
     np.testing.assert_allclose(parallel, expected, rtol=1e-14)
-    monkeypatch.setattr(kernels, "PARALLEL_MIN_WORK", 0)  # the threads' share of the columns
-    np.testing.assert_allclose(kernels.sparse_dense_matmul(indices, values, np.array([3, 2]), dense),
-                               expected, rtol=1e-14)
-    monkeypatch.undo()
+    with tuning.override(LIBRARY_PARALLEL_MIN_WORK=0):  # the threads' share of the columns
+        np.testing.assert_allclose(kernels.sparse_dense_matmul(indices, values, np.array([3, 2]), dense),
+                                   expected, rtol=1e-14)
     g = RNG.standard_normal((3, 70))
     np.testing.assert_allclose(kernels.sampled_products(indices, np.array([3, 2]), g, dense),
                                [g[r] @ dense[c] for r, c in indices], rtol=1e-13)

@@ -128,7 +128,10 @@ class Function:
         return self._current().plan
 
     @property
-    def _one_call(self):
+    def whole_call(self):
+        """The last call's plan compiled as one call (compiled_plan.Call, its
+        ``source`` the generated code): None until it is compiled (see
+        tuning.ONE_CALL_AFTER), False where the plan has no compiled form."""
         return self._current().one_call
 
     def _check(self, values):

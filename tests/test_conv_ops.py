@@ -645,7 +645,7 @@ def test_a_small_cnn_called_often_runs_as_one_call(tuned, dtype):
     for batch in (1, 3, 1):
         check(batch)
     assert runs[0] == 1
-    source = f._one_call.source
+    source = f.whole_call.source
     for call in ("conv.direct_forward", "conv.winograd_forward", "packed.matmul_packed_from_compiled"):
         assert call in source
     K.set_value(weights[1][0], values[1][0][::-1].astype(dtype))

@@ -36,7 +36,7 @@ def test_an_mlp_at_batch_1_gives_the_same_bits_on_every_call():
     f = K.function([x], [h])
     xv = RNG.random((1, 784), dtype=np.float32)
     outputs = _calls(f, [xv], tuning.ONE_CALL_AFTER + 3)
-    assert f._one_call, "the later calls should have run as one compiled call"
+    assert f.whole_call, "the later calls should have run as one compiled call"
     _assert_all_equal(outputs)
     want = xv.astype(float)
     for i, (w, b) in enumerate(weights):

@@ -58,7 +58,7 @@ def test_identity_results_are_copies_in_the_whole_call_too(plan_runs):
         np.testing.assert_array_equal(a, np.arange(6.0).reshape(2, 3))
         np.testing.assert_array_equal(K.get_value(v), np.eye(3))
         np.testing.assert_array_equal(product, np.arange(6.0).reshape(2, 3))
-    assert runs[0] == 1 and f._one_call
+    assert runs[0] == 1 and f.whole_call
 
 
 def _dropout_chain(rate=0.5):
@@ -86,7 +86,7 @@ def test_the_test_phase_drops_the_dropout_branch(plan_runs):
         np.testing.assert_allclose(f([a, 0.0])[0], _forward(a, K.get_value(w)), rtol=1e-6)
     text = K.explain(f)
     assert "random" not in text and "where" not in text and "not_equal" not in text
-    assert runs[0] == 1 and f._one_call
+    assert runs[0] == 1 and f.whole_call
 
 
 def test_the_training_phase_keeps_dropout_and_drops_the_switch():
@@ -176,7 +176,7 @@ KERAS_SCRIPT = textwrap.dedent("""
 
     def reads_the_phase(fn):
         return any(n is K.learning_phase() for n in toposort(fn.plan.targets))
-    print(json.dumps({"one_call": bool(f._one_call), "plan": plan,
+    print(json.dumps({"one_call": bool(f.whole_call), "plan": plan,
                       "inputs": [p.name for p in f.inputs],
                       "max_error": float(np.abs(first - want).max()),
                       "predict_reads_the_phase": reads_the_phase(f),

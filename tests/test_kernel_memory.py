@@ -79,7 +79,7 @@ def test_a_whole_call_runs_kernels_that_were_dropped(max_kernels):
     want = np.tanh(np.tanh(ROWS * 2.0 + 1.0) @ K.get_value(w)) + 1.0
     for _ in range(12):  # compiled as one call after ten
         np.testing.assert_allclose(f([ROWS])[0], want, rtol=1e-5)
-    assert f._one_call and len(codegen._modules) == 1
+    assert f.whole_call and len(codegen._modules) == 1
 
 
 def test_a_bad_bound_is_named(monkeypatch):

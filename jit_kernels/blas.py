@@ -189,7 +189,7 @@ def matmul(a, b, out, transpose_a, transpose_b):
 @njit_cached()
 def _matrix_times_vector(matrix, transpose, vector, out):
     """out's elements = op(matrix) @ vector's: BLAS's gemm would treat a product with
-    one row or column as a general one, several times slower than its gemv."""
+    one row or column as a general one, far slower than its gemv."""
     rows, cols = matrix.shape
     op = _TRANS if transpose else _NO_TRANS
     if matrix.itemsize == 4:

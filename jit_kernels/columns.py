@@ -22,8 +22,7 @@ def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
     its taps add runs of ``channels`` contiguous values.  The gather over
     input positions it replaces (each position looking up the outputs and
     taps that read it, with a division test per tap) read ``cols`` out of
-    order: 3.0 ms against 1.2 ms for this on a 12-image chunk of
-    mnist_cnn's second layer (3x3, 32 -> 64 channels), one thread.
+    order and was much slower (PERFORMANCE.md, W4 training).
     """
     _, size_d, size_h, size_w, channels = dx.shape
     kd, kh, kw = kernel
@@ -57,16 +56,16 @@ def _col2im(cols, first, dx, kernel, stride, dilation, pad, out):
 def fill_columns(patches, first, cols):
     """Copy the patches of images first, ... into cols (their rows, taps*C)."""
     _, od, oh, ow = patches.shape[:4]
-    images = cols.shape[0] // (od * oh * ow)   # not np.prod: a few us, which shows at batch 1
+    images = cols.shape[0] // (od * oh * ow)   # not np.prod, whose call shows at batch 1
     target = cols.reshape((images,) + patches.shape[1:])
     source = patches[first:first + images]
     if patches.shape[-1] > 1 or cols.shape[0] < tuning.CONV_TAPWISE_MIN_ROWS:
         np.copyto(target, source)
         return
     # With one channel, copying a tap at a time (runs along the output rows)
-    # measured 3x faster than the whole view (runs of kw values) from a few
-    # images up; for one image (676 rows at mnist_cnn's first layer) the
-    # whole view is faster (15 us against 27 us): fewer NumPy calls.
+    # is faster than the whole view (runs of kw values) from a few images up;
+    # for one image (676 rows at mnist_cnn's first layer) the whole view is
+    # faster: fewer NumPy calls (PERFORMANCE.md, W4).
     for tap in np.ndindex(*patches.shape[4:7]):
         index = (slice(None),) * 4 + tap
         target[index] = source[index]

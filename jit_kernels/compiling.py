@@ -17,22 +17,22 @@ from numba.core.caching import FunctionCache as _FunctionCache
 # checks that its arrays do not overlap.  Numba cannot tell LLVM that a
 # kernel's freshly allocated outputs overlap nothing, so a fused kernel with
 # many outputs needs more (an LSTM backward step: 11 outputs, 12 inputs) and
-# ran 4x slower as scalar code.  The option is process-wide; all it does is
+# ran far slower as scalar code.  The option is process-wide; all it does is
 # let more loops vectorise.
 _llvm.set_option("", "-vectorize-memory-check-threshold=1024")
 
 # Interleave every vectorised loop four times (four independent vector chains
 # per iteration).  LLVM's cost model leaves a long loop body such as an inlined
-# exp or tanh at one chain, whose latency then bounds the loop: softmax
-# 4096x1000 went from 3.4 to 2.5 ms, W1 from 3.3 to 2.9 ms.
+# exp or tanh at one chain, whose latency then bounds the loop (softmax and
+# the W1 chain gained: PERFORMANCE.md, W1).
 _llvm.set_option("", "-force-vector-interleave=4")
 
 
 def _load_numba_array_math_without_scipy():
     """Import Numba's array-math lowering without its SciPy BLAS probe.
 
-    numba.np.arraymath imports scipy.linalg when it loads (about 0.2 s of a
-    process's first compile where SciPy is installed, as it is with Keras)
+    numba.np.arraymath imports scipy.linalg when it loads (a noticeable part of
+    a process's first compile where SciPy is installed, as it is with Keras)
     only to decide whether np.correlate/np.convolve may call
     BLAS.  No kernel here uses Numba's BLAS: matrix products run through
     NumPy.  The probe answers "no BLAS" while the module loads and is restored
@@ -60,8 +60,8 @@ class LoadWithoutRegistries(_FunctionCache):
     """Numba's per-function disk cache, minus the registry refresh on a load.
 
     Before each load Numba refreshes its target context: on the first load of a
-    process that imports and installs every typing and lowering registry (about
-    0.1 s, a fifth of a new process's first warm-cache call), though loaded
+    process that imports and installs every typing and lowering registry (a
+    good part of a new process's first warm-cache call), though loaded
     machine code needs none of them, only the runtime's symbols, which
     ``rtsys.initialize`` provides.  A miss is followed by a compile, whose
     pipeline refreshes the context itself.
@@ -171,8 +171,8 @@ def njit_cached(**options):
             dispatcher._cache.__class__ = LoadWithoutRegistries
             stamp_with_package(dispatcher._cache)
             # Nor does a load need third-party Numba extensions, which Numba looks
-            # up among all installed packages' entry points before a first call
-            # (about 25 ms); the registry refresh of a compile still loads them.
+            # up among all installed packages' entry points before a first call;
+            # the registry refresh of a compile still loads them.
             dispatcher._compilation_chain_init_hook = _no_extensions_needed
         return dispatcher
     return decorate
@@ -182,8 +182,8 @@ def njit_cached_twins(**options):
     """:func:`njit_cached` with ``parallel=True``, with a ``serial`` attribute: the
     same function compiled without it, for work too small to share between
     threads.  A parallel kernel held to one thread still goes through Numba's
-    threading layer on every call: mnist_cnn's max pooling at batch 1 took 54 us
-    that way in the model and 26 us as the serial twin.  The twin is named
+    threading layer on every call, which costs more than small work itself
+    (mnist_cnn's max pooling at batch 1: PERFORMANCE.md, W4).  The twin is named
     ``<name>_serial`` so that the two keep apart in the disk cache, whose keys
     do not include the parallel flag.
     """

@@ -205,8 +205,8 @@ def conv_forward(x, w, strides=1, padding='valid', dilation=1, epilogue=None, po
     rows as soon as it is computed (while it is in cache), a (rows, OC) array,
     and ``out``, a (rows, OC) array where it writes their final values; blocks
     may come from several threads at once.  (Out of place: a Numba loop
-    reading and writing the same array measured 2.4x slower, its aliasing
-    keeping it from vectorising.)
+    reading and writing the same array was much slower, its aliasing keeping
+    it from vectorising.)
 
     ``pool`` ('max' or 'avg'; 2-D convolutions only) pools the result, after
     the epilogue, over 2x2 windows with stride 2 and 'valid' padding, block by

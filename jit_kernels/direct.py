@@ -32,7 +32,7 @@ def _nine_value_products(images, first_line, end_line, offsets, w9, out, out_siz
     (``offsets``: 9 int64 numbers).
 
     Nine values in one expression keep the partial sums in registers: passes of
-    four values, each reading and writing the output row, took twice as long.
+    four values, each reading and writing the output row, were much slower.
     """
     od, oh, ow = out_size
     o0, o1, o2, o3, o4, o5, o6, o7, o8 = (offsets[0], offsets[1], offsets[2], offsets[3], offsets[4],
@@ -138,9 +138,9 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
     the values it lacks from an offset of one image size, always a zero, so
     that an inf or NaN elsewhere never meets their zero weights.
 
-    (Run as compiled parts, lines split between the two threads, mnist_cnn's
-    first layer at batch 1 took 50 us against 42 us on one: the parts of about
-    11 us each ran in 21 us together.)
+    (Run as compiled parts, lines split between two threads, mnist_cnn's first
+    layer at batch 1 was slower than on one thread: parts that small do not
+    run at the same time; PERFORMANCE.md, W4.)
     """
     batch, (patch, out_ch) = x5.shape[0], w2.shape
     sizes, offsets, chunk = loop

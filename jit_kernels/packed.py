@@ -3,21 +3,19 @@
 A scan's step multiplies a few rows (an RNN's batch) by the same weights at
 every step, and Winograd's convolution multiplies its blocks by the same 36
 transformed kernels: small products, where OpenBLAS spends much of its time
-packing both operands again on every call (a 16 x 128 by 128 x 512 product ran
-at 6.6 GMAC/s on one core, 13 transposed, where its large products reach 17).
+packing both operands again on every call and runs far below the speed of its
+large products.
 Here the right operand is packed once by :func:`pack` into panels of
 :func:`panel_width` columns, contiguous along k (or, used once, read in place
 by :func:`matmul`), and each product runs a register
 tile of up to :data:`TILE_ROWS` rows by one panel: the tile's sums stay in
 vector registers for the whole of k, each step of k loading one row of the
 panel and broadcasting one value of each row of the left operand (the
-micro-kernel of BLIS and of OpenBLAS itself).  Measured on one core of a
-2-core AMD EPYC with AVX2 against NumPy 2.4's OpenBLAS, float32: 16 x 128 by
-128 x 512 in 59 us (OpenBLAS 158 us, 80 transposed), 36 x 32 by 32 x 64 in
-3.8 us (4.3), 128 x 512 by 512 x 512 in 1.6 ms (2.0); float64 1.2-1.4x faster
-too.  A single row is a matrix times a vector, where BLAS's gemv is as fast
-or faster (4.3 against 4.7 us for 1 x 128 by 128 x 512): callers time the two
-(numbackend/scan_loop.py).
+micro-kernel of BLIS and of OpenBLAS itself).  It beats OpenBLAS on such
+products, float32 and float64 (PERFORMANCE.md, W3: packed products).  A
+single row is a matrix times a vector, where BLAS's gemv is about as fast: a
+scan's loop chooses between the two by the rows alone
+(tuning.SCAN_PACKED_MIN_ROWS).
 
 The micro-kernel is LLVM vector code written with llvmlite
 (:func:`_tile_kernel`): Numba's own loops keep such a tile's sums in memory.
@@ -65,8 +63,8 @@ def _tile_kernel(rows, panels=1):
     ``ldb`` apart); every start and distance counted in items."""
     # A tile of few rows has few sums, each a chain of dependent multiply-adds
     # whose latency would bound the loop: it keeps 2 or 4 sets of sums, each for
-    # every 2nd or 4th k, so that 8 sums or more are under way (one row by 128 x
-    # 512: 7.5 us with one set, as against 4.3 us in BLAS's gemv).
+    # every 2nd or 4th k, so that 8 sums or more are under way (with one set a
+    # single row ran well behind BLAS's gemv).
     chains = -(-8 // (2 * rows * panels))
 
     @intrinsic
@@ -355,8 +353,8 @@ product_parts = {4: parts.compiled_part(_product_part_float32), 8: parts.compile
 def matmul_packed_in_parts(a, packed, out):
     """:func:`matmul_packed` with the panels split between BLAS's threads
     (jit_kernels.parts), for a and out C-contiguous.  A product by the weights
-    of a layer at batch 1 reads them from memory: mnist_cnn's 1 x 9216 by 9216
-    x 128 took 143 us so in the model against 212 us through OpenBLAS."""
+    of a layer at batch 1 is bound by reading them from memory, which both
+    threads then share (see tuning.PACKED_WEIGHTS_MAX_ROWS)."""
     if not (a.flags.c_contiguous and out.flags.c_contiguous and packed.flags.c_contiguous):
         raise ValueError("jit_kernels.packed: the parts read and write whole C-contiguous arrays")
     count = max(1, blas.threads())

@@ -1,14 +1,14 @@
 """Compiled work split into parts run at once on OpenBLAS's threads, without Python.
 
 :func:`blas.run_parts` runs Python callables on BLAS's threads; each part then
-takes the GIL between its compiled calls, and on a 2-core VM a run of two
-empty parts cost 29 us, as much as half of mnist_cnn's second convolution at
-batch 1.  Here a part is a Numba C callback (:func:`compiled_part`) reading
-its arguments from a row of int64 numbers (array addresses and sizes, see
-:func:`array_at`); OpenBLAS's pool calls it directly, and two empty parts
-cost 3 us.  The parts run on BLAS's own threads for the reason run_parts
-does: Numba's threads, woken while OpenBLAS's still spin after a product,
-waited 2-12 ms for a core.
+takes the GIL between its compiled calls, which for small work (a batch-1
+convolution) costs as much as the work.  Here a part is a Numba C callback
+(:func:`compiled_part`) reading its arguments from a row of int64 numbers
+(array addresses and sizes, see :func:`array_at`); OpenBLAS's pool calls it
+directly, at a fraction of that cost.  The parts run on BLAS's own threads for
+the reason run_parts does: Numba's threads, woken while OpenBLAS's still spin
+after a product, waited milliseconds for a core (PERFORMANCE.md, W4: compiled
+parts).
 """
 import ctypes
 import functools
@@ -46,7 +46,8 @@ def array_at(address, shape, dtype):
 
 @njit_cached()
 def address(a):
-    """The address of an array's data (``a.ctypes.data`` takes 3 us in Python)."""
+    """The address of an array's data (``a.ctypes.data`` is slow in Python: it
+    builds a ctypes object)."""
     return a.ctypes.data
 
 

@@ -57,8 +57,7 @@ def _max_pool(x, y, kernel, stride, pad):
                     for ix in range(x0, x1):
                         source = x[n, iz, iy, ix]
                         # LLVM's maximum vectorises as it is; a compare and select
-                        # became a masked store, slow on AMD (21 -> 6 us at batch 1
-                        # of mnist_cnn)
+                        # became a masked store, slow on AMD's cores
                         for ch in range(channels):
                             target[ch] = maximum(target[ch], source[ch])
 
@@ -72,8 +71,7 @@ def _max_pool_backward(x, dy, dx, kernel, stride, pad):
     updated with selects so that the loop over channels vectorises.  The
     selects read one pair of buffers and write the other, swapping them after
     each window position: written back to where they were read, LLVM turned
-    them into masked stores, slow on AMD (3.1-3.4 -> 2.4-2.7 ms at
-    mnist_cnn's 2x2 pooling of (64, 24, 24, 64), two threads)."""
+    them into masked stores, slow on AMD's cores."""
     _, size_d, size_h, size_w, channels = x.shape
     _, od, oh, ow, _ = dy.shape
     for n in prange(x.shape[0]):

@@ -37,7 +37,7 @@ def _scatter_products(rows, cols, values, dense, out, width):
         for k in range(values.shape[0]):
             v = values[k]
             # on 1-D slices: indexing out[r, j] and dense[c, j] from lo to hi
-            # in the loop ran it 3x slower
+            # in the loop ran it much slower
             target = out[rows[k], lo:hi]
             source = dense[cols[k], lo:hi]
             for j in range(hi - lo):
@@ -109,7 +109,7 @@ def sparse_dense_matmul(indices, values, dense_shape, dense, adjoint_a=False):
     work = rows.size * dense.shape[1] + out.size
     if work >= tuning.LIBRARY_PARALLEL_MIN_WORK and parallel_ok():
         # a block of columns per thread, each nonzero's row of B read in long
-        # stretches (blocks of 64 columns ran 2.5x slower than whole rows)
+        # stretches (blocks of 64 columns ran much slower than whole rows)
         width = max(16, -(-dense.shape[1] // numba.get_num_threads()))
         _scatter_products(rows, cols, values, dense, out, width)
     else:

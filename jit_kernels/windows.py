@@ -208,13 +208,13 @@ def window_patches(x5, g):
     """Read-only strided view (N, OD, OH, OW, KD, KH, KW, C) of the windows of
     x5 (N, D, H, W, C); when the windows reach into the padding, of a zero-
     padded copy.  Copied into a (N*P, taps*C) buffer this is im2col: NumPy's
-    strided copy measured 2-5x faster than a Numba loop doing the same."""
+    strided copy was faster than a Numba loop doing the same."""
     x5 = zero_padded(x5, g)
     spatial = x5.strides[1:4]
     strides = (x5.strides[:1] + tuple(s * k for s, k in zip(spatial, g.stride))
                + tuple(s * d for s, d in zip(spatial, g.dilation)) + x5.strides[4:])
     shape = x5.shape[:1] + g.out + g.kernel + x5.shape[-1:]
-    # np.ndarray over x5's buffer: as_strided does the same in 6x the time,
+    # np.ndarray over x5's buffer: as_strided does the same far more slowly,
     # which shows at batch 1.  x5 is C-contiguous here.
     view = np.ndarray(shape, x5.dtype, x5, 0, strides)
     view.flags.writeable = False
@@ -235,10 +235,9 @@ def in_image_parts(batch, chunk, run):
     """``[run(lo, hi)]`` over images (or Winograd's bands) lo..hi-1, split between
     BLAS's threads (:func:`parts.run_parts`) when each part gets at least a
     whole chunk.  Each part then copies its columns and multiplies them on
-    one thread while the other copies or multiplies its own: on mnist_cnn's
-    second layer this ran 1.5-1.8x faster from batch 16 up than one copy at a
-    time followed by a product on both threads; with less than a chunk per
-    part (batch 8 there, or its first layer at batch 64) it was no faster."""
+    one thread while the other copies or multiplies its own, which beat one
+    copy at a time followed by a product on both threads (PERFORMANCE.md, W4:
+    batch split); with less than a chunk per part it gained nothing."""
     count = batch // chunk
     if count >= 2:  # threads() is a call into OpenBLAS: not at batch 1
         count = min(blas.threads(), count)

@@ -106,7 +106,7 @@ def _winograd_inputs(rows, width, tiles_h, tiles_w, first_band, v, scratch):
 
     The two passes (B^T along the pixels of each of the 6 rows, then along the
     rows) are loops over the channels, which vectorise; both in one loop with
-    all 36 values compiled to scalar code, 1.3-4x slower.  No views are made in
+    all 36 values compiled to scalar code, which was slower.  No views are made in
     the loops: each costs reference counting.
     """
     channels = rows.shape[1]
@@ -381,8 +381,8 @@ def _pooled_row(band, tiles_h, out_h, out_w):
 
 def _winograd_part_float32(d):
     """:func:`_winograd_part_of` of float32 arrays: a part of its own for each
-    type (a callback dispatching on the type took a cold process 38 s to
-    compile, both types' loops)."""
+    type (a callback dispatching on the type compiled both types' loops, a
+    long wait in a cold process's first call)."""
     _winograd_part_of(d, np.float32)
 
 
@@ -458,12 +458,12 @@ _kernel_transforms = collections.OrderedDict()
 def _winograd_kernels(w, remember=True):
     """G w G^T of the C-contiguous w (3, 3, C, OC) as (36, C, OC).  Where
     ``remember``, the last few are kept (a network's kernels change only between
-    training steps; the transform took 25-44 us of mnist_cnn's 0.8 ms at batch
-    1), each with a copy of its kernel that the next call compares in full, so
+    training steps, and at batch 1 the transform is a noticeable part of a
+    convolution's call), each with a copy of its kernel that the next call compares in full, so
     that a kernel changed in place is never missed, and each until the array
     holding the kernel is freed (a training step's replaced weights), in
     ``tuning.CONV_WINOGRAD_KEPT_BYTES`` at most (the newest always kept)."""
-    key = (parts.address(w), w.shape, w.dtype)  # not w.ctypes.data: 3 us
+    key = (parts.address(w), w.shape, w.dtype)  # not w.ctypes.data: slow in Python
     known = _kernel_transforms.get(key) if remember else None
     if known is not None and _same_values(known[0], w):
         return known[1]

@@ -8,7 +8,7 @@ import os as _os
 
 # Numba's OpenMP workers must sleep, not spin, between kernels: spinning threads
 # fight OpenBLAS's for the cores, and a matrix product next to a fused kernel
-# then runs several times slower.  Set before Numba starts its threads.
+# then runs much slower.  Set before Numba starts its threads.
 _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from . import cpus as _cpus  # before NumPy and Numba load

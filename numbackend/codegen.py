@@ -191,8 +191,8 @@ def _node_expr(spec, j, operand_exprs):
 
 
 def work_per_element(spec):
-    """The kernel's work per element in units of a cheap element-wise operation
-    (about 0.2 ns); a vmath function (exp, tanh...) counts
+    """The kernel's work per element in units of a cheap element-wise
+    operation; a vmath function (exp, tanh...) counts
     tuning.FUSED_VMATH_CALL_WORK more."""
     calls = sum("vm." in (OPS[node[0]].template or "") for node in spec.nodes)
     return 1 + tuning.FUSED_VMATH_CALL_WORK * calls
@@ -205,13 +205,13 @@ def generate_source(spec, into=False):
     (ValueError when they broadcast unlike the compiled pattern), allocates the
     outputs with NumPy and calls ``kernel_par`` or ``kernel_ser`` by the work, on
     1-D/2-D views of exactly the sizes the loops index.  The Numba entry points
-    only loop: no allocation, reshaping or raising, which cut their compile time
-    2-3x (those lower through Numba's array-construction code).  ``run_serial``
+    only loop: no allocation, reshaping or raising, which makes them much quicker
+    to compile (those lower through Numba's array-construction code).  ``run_serial``
     is ``run`` on one thread, compiled.  Where ``into`` (every output element-wise),
     ``run_serial_into(x0, ..., o0, ...)`` also writes them into arrays of the
     domain's shape (which may be inputs: each element is read before it is
-    written); only where asked, since each entry point costs its module's load
-    about 0.2 ms."""
+    written); only where asked, since each entry point adds to its module's
+    load time."""
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
@@ -305,8 +305,8 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
     emit(f"C = {_prod([f'D{j}' for j in range(s, rank)])}")
     args = ["R", "C"]
     # A full-domain array is its own view where the domain already is (R * C,) or
-    # (R, C), and the same goes for (C,) and (R,) arrays: a reshape costs about
-    # 0.1 us, and a batch-1 MLP calls a few kernels.
+    # (R, C), and the same goes for (C,) and (R,) arrays: a reshape is a call of
+    # its own, a noticeable part of a small kernel's call at batch 1.
     full_as_is = rank == 1 if spec.flat else (rank == 2 and s == 1)
     full_view = "R * C" if spec.flat else "R, C"
     for i, (pattern, rank_i, _) in enumerate(spec.inputs):
@@ -492,8 +492,9 @@ def _emit_rows(spec, lines):
         return buffers
     # A lone buffer of the full output's dtype is that output's row: the last loop
     # reads each element before it overwrites it.  A softmax then scales its exps
-    # in place instead of copying them out of a buffer (with times_reciprocal's
-    # scaling, 15% faster at 4096x1000; either change alone gained 0-3%).
+    # in place instead of copying them out of a buffer (faster together with
+    # times_reciprocal's scaling, though either change alone gained little:
+    # PERFORMANCE.md, W2a).
     output_row = None
     if len(buffers) == 1 and len(full) == 1 and buffers[0][1] == spec.nodes[full[0][1]][4]:
         output_row = f"b{buffers[0][0]} = o{full[0][0]}[r]"

@@ -148,9 +148,9 @@ class Call:
     source's ``addresses``; a scalar is an array of one item).  The addresses
     are read again only where a variable's value has been replaced since the
     last call (graph.values_version): each array argument of a Numba function
-    costs about 0.15 us to pass, and the W3 MLP's whole call read nine besides
-    its four scalars.  The arrays stay referenced until the addresses are
-    read again."""
+    costs time to pass, and a small network's whole call reads many arrays
+    besides its scalars (PERFORMANCE.md, W3).  The arrays stay referenced
+    until the addresses are read again."""
 
     def __init__(self, source, held, kernel_modules, lock=None):
         self.source = source

@@ -135,8 +135,8 @@ class Function:
         return self._current().one_call
 
     def _check(self, values):
-        # Loops rather than generator expressions: at batch 1 each costs about a
-        # microsecond, a tenth of the W3 MLP's whole call on a fast machine.
+        # Loops rather than generator expressions: at batch 1 a generator's
+        # set-up is a noticeable part of a small network's whole call.
         if not isinstance(values, (list, tuple)):
             raise TypeError("function: call with a list of input arrays, "
                             f"got {type(values).__name__}")

@@ -109,7 +109,7 @@ class Loop:
         rows = bounds[-1]
         split = [lined_up and v.shape[0] == rows for lined_up, v in zip(self.row_aligned, invariants)]
         # Each part reads its rows of the sequences and writes its rows of the
-        # stacked values in place: copying them out first made W5 about 7% slower.
+        # stacked values in place: copying them out first made the W5 LSTM slower.
         # Rows cut from axis 0 of a contiguous array are contiguous: no copy.
         seqs = [np.ascontiguousarray(s) for s in seqs]
         states = [np.ascontiguousarray(s) for s in states]

@@ -243,9 +243,9 @@ def _product_stays_in_loop(node):
     in the body, rather than running once over all steps before the scan: a 2-D
     product of floats, where compiled loops run.  The loop then computes it per
     step on the matrix packed once, or over all its steps at once where its
-    rows are few (tuning.SCAN_IN_LOOP_MIN_ROWS): the W5 LSTM ran 11-13% faster at
-    batch 32 (its input projection's 6.5 MB neither written nor read again) and
-    as fast at batches 1 to 8."""
+    rows are few (tuning.SCAN_IN_LOOP_MIN_ROWS): the W5 LSTM ran faster at
+    batch 32 (its input projection neither written nor read again) and as fast
+    at small batches (PERFORMANCE.md, W5)."""
     return is_float_matrix_product(node)
 
 

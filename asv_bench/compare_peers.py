@@ -1,4 +1,4 @@
-"""Time the workloads of WORKLOADS.md with numbackend, NumPy and, when installed,
+"""Time the workloads of PERFORMANCE.md with numbackend, NumPy and, when installed,
 JAX and ONNX Runtime, all in one run, and print each time with its ratio to ours.
 
     python asv_bench/compare_peers.py [--quick] [--no-startup] [--no-models] [--busy-core]
@@ -8,7 +8,7 @@ they are installed; each system's result is first checked against ours.
 ``--busy-core`` times everything beside a process that keeps the last CPU
 this one may use busy, as a co-tenant on a shared machine would.
 
-Pin it for figures comparable with WORKLOADS.md's 2-core machine, e.g.
+Pin it for figures comparable with PERFORMANCE.md's 2-core machine, e.g.
 ``taskset -c 0,1 python asv_bench/compare_peers.py``.  Absolute times move
 between runs on shared machines: quote the ratios.
 """

@@ -1,6 +1,6 @@
 """Compiled work split into parts run at once on OpenBLAS's threads, without Python.
 
-:func:`blas.run_parts` runs Python callables on BLAS's threads; each part then
+:func:`run_parts` runs Python callables on BLAS's threads; each part then
 takes the GIL between its compiled calls, which for small work (a batch-1
 convolution) costs as much as the work.  Here a part is a Numba C callback
 (:func:`compiled_part`) reading its arguments from a row of int64 numbers
@@ -92,7 +92,7 @@ def run(part, descriptors):
     ``descriptors``: at once on OpenBLAS's threads (the first row on the
     calling thread) where it has as many, else one after another on the
     calling thread.  The arrays the rows point into must outlive the call.
-    Not from inside a part of :func:`blas.run_parts`, whose lock this takes too."""
+    Not from inside a part of :func:`run_parts`, whose lock this takes too."""
     address, function = part()
     descriptors = np.ascontiguousarray(descriptors, np.int64)
     count = descriptors.shape[0]

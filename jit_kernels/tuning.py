@@ -197,7 +197,7 @@ _define("MAX_LOADED_KERNELS", 512, "kernel modules",
         "those that live compiled functions hold stay beyond it.  The environment "
         "variable NUMBACKEND_MAX_KERNELS, where set, takes precedence (read each time).")
 
-# --- numbackend/compiler.py: the plan -----------------------------------------
+# --- numbackend/program.py, plan.py, runtime.py, lowering.py: the plan, the whole call --
 
 _define("NUMPY_MAX_SIZE", 16, "elements (a group's domain, known before running)",
         "chosen with the first engine, not measured: NumPy's few calls on 16 elements "

@@ -1,11 +1,13 @@
-"""A plan (compiler.py) written again as the body of one Numba function.
+"""A program (program.py) written again as the body of one Numba function.
 
 A plan runs its steps from Python: each kernel call, product and check costs a
 few microseconds of interpreter, which is most of a small model's time at batch
 1.  Where every step has a compiled form (a fused kernel, called through its
 compiled ``run_serial``; a 2-D product of floats, through NumPy's BLAS
-(jit_kernels.blas); a reshape; a concatenation), the same steps can run inside
-one compiled function: :func:`render` writes them as its lines.  The scan's
+(jit_kernels.blas); a reshape; a concatenation; a 2-D convolution with its
+epilogue, through jit_kernels.conv), the same steps can run inside one
+compiled function: :func:`render` writes them as its lines (each library
+step's from its lowering's ``compiled_lines``).  The scan's
 loop over time (scan_loop.py) is one such function; :func:`compile_call` makes
 another, the whole plan as one call.  Both are cached on disk like the kernels.
 

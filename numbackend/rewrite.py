@@ -57,7 +57,7 @@ def rewrite(targets):
             # only K.gradients reads stop_gradient, and identity is a copy (Keras's
             # layers that return their input): a plan step would split a fused
             # kernel and keep the function from its whole call.  A result that is
-            # a leaf, a view of one or another result is still copied (Plan._build).
+            # a leaf, a view of one or another result is still copied (Program.result_fresh).
             replaced[node.id] = inputs[0]
             continue
         chosen = _branch_of_constant_switch(node, inputs)

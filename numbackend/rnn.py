@@ -1,5 +1,5 @@
 """Loops over a sequence: ``rnn`` (Keras's recurrent layers), ``foldl``,
-``foldr`` and ``map_fn``, all on the scan op (scan.py): the step is traced
+``foldr`` and ``map_fn``, all on the scan op (ops/scan.py): the step is traced
 once and the loop runs as one plan step."""
 from .core import zeros_like
 from .graph import Tensor, canonical_dtype, format_shape

@@ -1,6 +1,6 @@
 """A scan's loop over time as one compiled function: no Python per step.
 
-The body of a scan (scan.py) is built into a program (program.py) whose steps
+The body of a scan (ops/scan.py) is built into a program (program.py) whose steps
 are fused kernels and library calls.  Where every step has a compiled form
 (compiled_plan.py), this module writes the program as the body of one Numba
 function that loops over the steps.  The function is cached on disk like the

@@ -227,7 +227,7 @@ def test_conv_direct_loop(direct_passes, x_shape, w_shape, strides, padding, dil
 def test_conv_path_follows_a_changed_limit(monkeypatch, tune):
     """The path a convolution of given shapes takes is kept (it costs more than a
     batch-1 layer to work out), but not past a change of the limits that chose
-    it: the same shapes after raising DIRECT_MAX_PATCH run the direct loop."""
+    it: the same shapes after raising tuning.CONV_DIRECT_MAX_PATCH run the direct loop."""
     x, w = random((2, 6, 5, 2)), random((3, 3, 2, 4))  # 18 values a window, 4 channels
     chunks = []
     chunk = direct._window_chunk
@@ -298,7 +298,7 @@ def test_conv_direct_loop_is_taken_for_small_windows(monkeypatch, tune):
     monkeypatch.setattr(winograd, 'winograd_in_parts', lambda *a, **k: winograd_runs.append(1) or in_parts(*a, **k))
     conv.conv_forward(random((8, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
     assert taken == [1] and winograd_runs == [1]  # 8 images of 2 x 2 blocks of 4x4 outputs
-    # fewer blocks than WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
+    # fewer blocks than tuning.CONV_WINOGRAD_MIN_BLOCKS, or than one per 1024 channel pairs
     conv.conv_forward(random((7, 10, 9, 32), np.float32), random((3, 3, 32, 64), np.float32))
     tune(CONV_WINOGRAD_MIN_BLOCKS=0)
     conv.conv_forward(random((1, 10, 9, 128), np.float32), random((3, 3, 128, 64), np.float32))

@@ -121,7 +121,7 @@ class _ParallelForbidden:
 
 @pytest.mark.parametrize('mode', ['max', 'avg'])
 def test_small_pooling_runs_the_serial_twin(monkeypatch, mode, tune):
-    """Below PARALLEL_MIN_WORK the kernels' serial twins run: the same code
+    """Below tuning.LIBRARY_PARALLEL_MIN_WORK the kernels' serial twins run: the same code
     compiled without parallel=True, with cache files of their own."""
     tune(LIBRARY_PARALLEL_MIN_WORK=1 << 24)
     for name in (f'_{mode}_pool', f'_{mode}_pool_backward'):

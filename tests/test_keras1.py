@@ -10,9 +10,9 @@ import numbackend
 import numbackend.keras1 as K1
 from numbackend import config, core, math, nn, random, updates
 
-# The seed (Keras 1) signatures: those API.md gives, and for the rest (the
-# element-wise functions, reductions, conv3d's volume_shape, ...) the Keras 1
-# documentation's.
+# The seed (Keras 1) signatures: the 104 functions of the Keras 1
+# documentation's backend API (element-wise functions, reductions, conv3d's
+# volume_shape, ...), with the signatures that documentation gives.
 SEED_SIGNATURES = {
     "abs": "(x)",
     "all": "(x, axis=None, keepdims=False)",

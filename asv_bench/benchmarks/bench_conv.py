@@ -1,4 +1,4 @@
-"""W4 of WORKLOADS.md: Keras mnist_cnn inference (batch 1 and 64) with a NumPy
+"""W4 of PERFORMANCE.md: Keras mnist_cnn inference (batch 1 and 64) with a NumPy
 im2col reference in the same run, and a training step of the same network
 (batch 64, mean softmax cross-entropy, plain SGD) next to its forward time."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""W1-W3 of WORKLOADS.md: warm calls, NumPy in the same run, compile and load times."""
+"""W1-W3 of PERFORMANCE.md: warm calls, NumPy in the same run, compile and load times."""
 
 import numpy as np
 

@@ -1,4 +1,4 @@
-"""W6 of WORKLOADS.md: CTC loss and its gradient with respect to the softmax output
+"""W6 of PERFORMANCE.md: CTC loss and its gradient with respect to the softmax output
 (Keras's ctc_batch_cost), batch 32, 100 frames, 30 classes (blank last), labels of 20,
 with a NumPy log-space forward-backward in the same run."""
 import numpy as np

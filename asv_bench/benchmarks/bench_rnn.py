@@ -1,4 +1,4 @@
-"""W5 of WORKLOADS.md (LSTM inference) and an LSTM training step.
+"""W5 of PERFORMANCE.md (LSTM inference) and an LSTM training step.
 
 The LSTM is Keras 2.2.5's LSTMCell in its default implementation (1): one
 product per gate with slices of the kernels, hard-sigmoid gates, tanh."""

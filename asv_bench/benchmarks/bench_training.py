@@ -1,4 +1,4 @@
-"""W7 of WORKLOADS.md: an MLP 784-512(relu)-512(relu)-10(softmax) training step,
+"""W7 of PERFORMANCE.md: an MLP 784-512(relu)-512(relu)-10(softmax) training step,
 batch 128, mean softmax cross-entropy against one-hot targets, plain SGD (lr 0.01):
 the warm step, the same step in NumPy (hand-written backward pass) in the same run,
 and building plus first-calling the step in a fresh process (cold and warm cache).

@@ -87,7 +87,7 @@ library("dot", _dot_infer, _dot, grad=_dot_grad)
 def is_float_matrix_product(node):
     """Whether a ``dot`` node multiplies two 2-D float32 or float64 matrices of its
     own dtype: the products with compiled forms (compiled_plan, and the packed
-    products of compiler._ProductByWeights)."""
+    products of lowering.ProductByWeights)."""
     a, b = node.inputs
     return (a.ndim == 2 and b.ndim == 2 and node.dtype in ("float32", "float64")
             and a.dtype == b.dtype == node.dtype)

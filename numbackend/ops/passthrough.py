@@ -31,7 +31,7 @@ def _update_outside_a_function(variable, new_value):
 
 
 # graph.Update: K.function and K.eval replace it by its new value before planning
-# (compiler.lift_updates), so this runs only where none did.  Not differentiable,
+# (runtime.lift_updates), so this runs only where none did.  Not differentiable,
 # as TensorFlow's assign ops are not.
 library("update", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
         _update_outside_a_function, grad=not_differentiable)

@@ -10,8 +10,9 @@ recorded three ways:
   ops and slices, and products with an invariant matrix where the loop does not
   run them better, see :func:`_product_stays_in_loop`): hoisted out of the loop
   and run once over all steps;
-- the rest, the body: compiled once into a plan (fused kernels, BLAS calls)
-  that the scan op runs per step.
+- the rest, the body: built once into a program (fused kernels, BLAS calls)
+  that the scan's lowering (lowering.Scan) runs per step: the first step as a
+  plan, the others in one compiled loop where the body has one (scan_loop.py).
 
 A scan node's value is a tuple: each per-step output stacked along a new axis 0,
 then each state, stacked per step too (its history) or only its final value.

@@ -253,7 +253,7 @@ def _run_job(argument):
 # One callback for every run_parts: a ctypes callback made per call sits in a
 # reference cycle, so what its part refers to (arrays of megabytes) lived on
 # until the garbage collector ran, and malloc handed the next arrays fresh
-# pages (2300 page faults a call of mnist_cnn's batch-64 convolution).
+# pages, faulted in at every call (PERFORMANCE.md, memory and allocation).
 _run_job_callback = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(_run_job)
 _run_job_address = ctypes.cast(_run_job_callback, ctypes.c_void_p)
 

@@ -139,8 +139,8 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
     that an inf or NaN elsewhere never meets their zero weights.
 
     (Run as compiled parts, lines split between two threads, mnist_cnn's first
-    layer at batch 1 was slower than on one thread: parts that small do not
-    run at the same time; PERFORMANCE.md, W4.)
+    layer at batch 1 was slower than on one thread: its short parts took as
+    long together as one after the other; PERFORMANCE.md, W4.)
     """
     batch, (patch, out_ch) = x5.shape[0], w2.shape
     sizes, offsets, chunk = loop

@@ -47,8 +47,6 @@ def parts_lock():
     return _parts_lock
 
 
-_PART = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-_job = None  # (part, results, errors) of the run_parts under way, under _parts_lock
 
 
 def _numpy_blas_libraries():

@@ -269,9 +269,10 @@ def _band_work(outputs, pool, pooled, y2, epilogue, after_pool, final):
     where they do none of it."""
     if isinstance(epilogue, parts.CompiledEpilogue):
         if pool is None:
-            return BandWork(None, y2[:0], epilogue.template, y2, True)
+            return BandWork(None, y2[:0], epilogue.template, y2, pool_first=False)
         done = np.empty((outputs, pooled.shape[-1]), pooled.dtype)
-        return BandWork(pool, pooled.reshape(-1, pooled.shape[-1]), epilogue.template, done, True)
+        return BandWork(pool, pooled.reshape(-1, pooled.shape[-1]), epilogue.template, done,
+                        pool_first=False)
     if epilogue is not None or pool is None:
         return None
     if isinstance(after_pool, parts.CompiledEpilogue):

@@ -27,7 +27,7 @@ _MAX = POOL_MODES['max']
 # besides the products (see BandWork)
 (_D_ROWS, _D_ROW_COUNT, _D_CHANNELS, _D_WIDTH, _D_TILES_H, _D_TILES_W, _D_FIRST_BAND, _D_END_BAND,
  _D_CHUNK, _D_U, _D_OUT_CH, _D_OUT, _D_OUT_H, _D_OUT_W, _D_SCRATCH, _D_SCRATCH_SIZE, _D_POOL_MODE,
- _D_POOLED, _D_POOLED_ROWS, _D_EPILOGUE, _D_EPILOGUE_SIZE, _D_FINAL, _D_EPILOGUE_FIRST) = range(23)
+ _D_POOLED, _D_POOLED_ROWS, _D_EPILOGUE, _D_EPILOGUE_SIZE, _D_FINAL, _D_POOL_FIRST) = range(23)
 _D_COLUMNS = 23
 
 
@@ -310,7 +310,7 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 @njit_cached(**JIT_OPTIONS)
 def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, chunk, pool_mode,
-                          pooled, epilogue, final, epilogue_first):
+                          pooled, epilogue, final, pool_first):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
     in ``count`` parts or fewer, as even as whole bands allow, each part
     ``chunk`` bands at a time with its row of the scratch; no descriptors
@@ -334,7 +334,7 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
         row[_D_SCRATCH], row[_D_SCRATCH_SIZE] = scratch[i].ctypes.data, scratch.shape[1]
         row[_D_POOL_MODE], row[_D_POOLED], row[_D_POOLED_ROWS] = pool_mode, pooled.ctypes.data, pooled.shape[0]
         row[_D_EPILOGUE], row[_D_EPILOGUE_SIZE] = epilogue.ctypes.data, epilogue.size
-        row[_D_FINAL], row[_D_EPILOGUE_FIRST] = final.ctypes.data, epilogue_first
+        row[_D_FINAL], row[_D_POOL_FIRST] = final.ctypes.data, pool_first
     return d, scratch
 
 
@@ -360,14 +360,14 @@ def _winograd_bands_of(d, dtype, first, end):
     scratch = parts.array_at(d[_D_SCRATCH], (d[_D_SCRATCH_SIZE],), dtype)
     _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
     epilogue = parts.array_at(d[_D_EPILOGUE], (d[_D_EPILOGUE_SIZE],), np.int64)
-    if epilogue.size and d[_D_EPILOGUE_FIRST]:  # the epilogue, on these bands' outputs
+    if epilogue.size and not d[_D_POOL_FIRST]:  # the epilogue, on these bands' outputs
         done = parts.array_at(d[_D_FINAL], (end_row, out_ch), dtype)[first_row:]
         parts.run_epilogue(epilogue, out, done)
         out = done
     if d[_D_POOL_MODE]:
         pooled = parts.array_at(d[_D_POOLED], (d[_D_POOLED_ROWS], out_ch), dtype)
         _pool_bands(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
-        if epilogue.size and not d[_D_EPILOGUE_FIRST]:  # the epilogue, on the pooled rows of these bands
+        if epilogue.size and d[_D_POOL_FIRST]:  # the epilogue, on the pooled rows of these bands
             lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
             parts.run_epilogue(epilogue, pooled[lo:hi],
                                parts.array_at(d[_D_FINAL], (d[_D_POOLED_ROWS], out_ch), dtype)[lo:hi])
@@ -402,14 +402,14 @@ class BandWork(NamedTuple):
     ('max', 'avg' or None) into the rows (N*OH//2*OW//2, OC) of ``pooled``,
     while they are in the core's cache; and where ``epilogue`` (a compiled
     epilogue's template) is not empty, run it into ``final``: on the pooled
-    rows (``final`` of ``pooled``'s shape), or with ``epilogue_first`` on the
+    rows (``final`` of ``pooled``'s shape) where ``pool_first``, else on the
     bands' outputs (``final`` of the outputs' shape), which the pooling, if
     any, then reads."""
     pool: str | None = None
     pooled: np.ndarray | None = None
     epilogue: np.ndarray = parts.NO_EPILOGUE
     final: np.ndarray | None = None
-    epilogue_first: bool = False
+    pool_first: bool = True
 
 
 NO_BAND_WORK = BandWork()
@@ -424,7 +424,7 @@ def winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, work=
     False, running nothing, where ``rows`` hold an inf or a NaN: it would reach
     every output of the blocks that read it (inf - inf in the transforms), so
     such inputs go through im2col."""
-    pool, pooled, epilogue, final, epilogue_first = work
+    pool, pooled, epilogue, final, pool_first = work
     if pooled is None:
         pooled = out[:0]
     if final is None:
@@ -432,10 +432,10 @@ def winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, work=
     if not (rows.flags.c_contiguous and u.flags.c_contiguous and out.flags.c_contiguous
             and pooled.flags.c_contiguous and final.flags.c_contiguous):
         raise ValueError("winograd_in_parts: the parts read and write whole C-contiguous arrays")
-    if epilogue.size and epilogue_first and final.shape != out.shape:
+    if epilogue.size and not pool_first and final.shape != out.shape:
         raise ValueError("winograd_in_parts: an epilogue before pooling writes an array "
                          f"of the outputs' shape {out.shape}, got {final.shape}")
-    if epilogue.size and not epilogue_first and (pool is None or final.shape != pooled.shape):
+    if epilogue.size and pool_first and (pool is None or final.shape != pooled.shape):
         raise ValueError("winograd_in_parts: an epilogue after pooling writes an array "
                          f"of the pooled shape {pooled.shape}, got {final.shape}")
     if rows.shape[0] < (4 * tiles_h + 2) * width:
@@ -444,7 +444,7 @@ def winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, work=
     # _scratch: what the descriptors point into, held until the parts are done
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
                                                   max(1, blas.threads()), chunk or bands, POOL_MODES[pool],
-                                                  pooled, epilogue, final, epilogue_first)
+                                                  pooled, epilogue, final, pool_first)
     if descriptors.shape[0] == 0:
         return False
     parts.run(winograd_parts[rows.itemsize], descriptors)
@@ -527,7 +527,7 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     descriptors, scratch = _winograd_descriptors(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
-        pooled[:0], False)
+        pooled[:0], True)
     if descriptors.shape[0] == 0:
         raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     parts.run_compiled(part_address, descriptors, (out, pooled, scratch))

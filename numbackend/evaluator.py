@@ -2,14 +2,18 @@
 
 The reference every compiled path is tested against, the constant folder's
 arithmetic, and the plan's fallback where a kernel does not take the
-run-time shapes.  An op without a NumPy form (``scan``, run by its lowering)
-has no evaluator here.
+run-time shapes.  :func:`evaluate_graph` runs a whole graph so (a scan's
+NumPy form runs its step that way).
+
+It reads only the op registry (ops.registry): the scan op's NumPy form,
+defined in the ops package, builds on it.
 """
 import functools
 
 import numpy as np
 
-from .ops import OPS
+from .graph import toposort
+from .ops.registry import OPS
 
 
 def evaluate(node, arrays):
@@ -60,3 +64,19 @@ def library_call(node):
         out = impl(*arrays)
         return out if getattr(out, "dtype", None) == dtype else np.asarray(out).astype(dtype)
     return call
+
+
+def evaluate_graph(targets, feeds):
+    """The targets' values, node by node with each op's NumPy form; ``feeds``:
+    {placeholder id: array}.  Variables and constants give their values."""
+    values = {}
+    for node in toposort(targets):
+        if node.id in feeds:
+            values[node.id] = feeds[node.id]
+        elif node.op in ("variable", "constant"):
+            values[node.id] = node.value
+        elif node.op == "placeholder":
+            raise ValueError(f"evaluate_graph: no value fed for placeholder {node.name!r}")
+        else:
+            values[node.id] = evaluate(node, [values[i.id] for i in node.inputs])
+    return [values[t.id] for t in targets]

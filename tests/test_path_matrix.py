@@ -304,15 +304,7 @@ def _placeholders(case, arrays):
 def numpy_values(outputs, feeds):
     """The outputs' values, node by node with each op's NumPy form;
     ``feeds``: {placeholder id: array}."""
-    values = {}
-    for node in toposort(outputs):
-        if node.id in feeds:
-            values[node.id] = feeds[node.id]
-        elif node.op in ("variable", "constant"):
-            values[node.id] = node.value
-        else:
-            values[node.id] = evaluator.evaluate(node, [values[i.id] for i in node.inputs])
-    return [values[o.id] for o in outputs]
+    return evaluator.evaluate_graph(outputs, feeds)
 
 
 def _random_states(outputs):
@@ -456,12 +448,13 @@ CONV_GEOMETRIES = {
     "winograd": ((2, 10, 10, 8), (3, 3, 8, 8)),
     "columns": ((2, 10, 10, 8), (3, 3, 8, 8)),
 }
-# (path, epilogue, pool) that the whole call compiles: a conv with an epilogue
-# (a bare conv is a library step, which has no compiled form), through the
-# direct loop (no pooling) or Winograd over whole 4x4 blocks without padding
-# (no pooling, or a max pooling): compiled_plan._conv_lines and
-# jit_kernels.conv.compiled_path.
-COMPILED_CONVS = {("direct", True, None), ("winograd", True, None), ("winograd", True, "max")}
+# (path, epilogue, pool) that the whole call compiles (lowering.Conv's
+# compiled_lines, from jit_kernels.conv.compiled_path): the direct loop
+# (no pooling) or Winograd over whole 4x4 blocks without padding (no pooling,
+# or a max pooling before an epilogue); a bare conv's pooling is a step of its
+# own, which has no compiled form.
+COMPILED_CONVS = {("direct", False, None), ("winograd", False, None), ("direct", True, None),
+                  ("winograd", True, None), ("winograd", True, "max")}
 # The label of the conv's step in a plan: a bare conv's pooling is a step of
 # its own; with an epilogue, a max pooling runs before it (the two commute:
 # on a quarter of the values), an average pooling after it.

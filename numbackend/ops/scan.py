@@ -212,7 +212,39 @@ def _summable_after(use, ph):
             and (left if right is ph else right).shape == use.shape)
 
 
-library("scan", _scan_infer, None, grad=_scan_grad, multi_output=True, grad_takes_wanted=True,
+def _numpy_scan(*arrays, body, reverse, keep_history, length):
+    """The scan's NumPy form, its reference: the step evaluated node by node
+    with NumPy, once per element of axis 0 (lowering.Scan runs it compiled).
+    Its value: stacked per-step outputs, then the states (stacked or final)."""
+    from ..evaluator import evaluate_graph  # it reads the registry this package fills
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    seqs, states = arrays[:n_seq], list(arrays[n_seq:n_seq + n_state])
+    invariants = arrays[n_seq + n_state:]
+    steps = seqs[0].shape[0]
+    if steps == 0 or any(s.shape[0] != steps for s in seqs):
+        raise ValueError(f"{body.where}: the sequences must have one length > 0 along axis 0, "
+                         "got " + ", ".join(str(np.shape(a)) for a in seqs))
+    placeholders = body.seq_inputs + body.state_inputs + body.invariant_inputs
+    targets = body.outputs + body.new_states
+    n_out = len(body.outputs)
+    outputs, history = [], []
+    for t in (range(steps - 1, -1, -1) if reverse else range(steps)):
+        feeds = {p.id: np.asarray(a) for p, a in
+                 zip(placeholders, [s[t] for s in seqs] + states + list(invariants))}
+        result = evaluate_graph(targets, feeds)
+        outputs.append(result[:n_out])
+        states = result[n_out:]
+        history.append(states)
+    if reverse:  # stacked in the sequences' order
+        outputs.reverse()
+        history.reverse()
+    stacked = [np.stack([o[k] for o in outputs]) for k in range(n_out)]
+    if keep_history:
+        return tuple(stacked) + tuple(np.stack([h[j] for h in history]) for j in range(n_state))
+    return tuple(stacked) + tuple(states)
+
+
+library("scan", _scan_infer, _numpy_scan, grad=_scan_grad, multi_output=True, grad_takes_wanted=True,
         grad_differentiates=True)
 
 

@@ -8,9 +8,11 @@ below) and runs it
   ``ONE_CALL_MAX_ELEMENTS``): where every step of the graph has a compiled
   form the test checks that the call ran, else that the plan ran (the case's
   ``whole_call`` says which: a property of the op, recorded here),
-- inside the step of a ``K.rnn`` over a few time steps, the op's first input
-  there depending on the carried state (so that the op runs in the loop, not
-  hoisted out of it),
+- inside the step of a scan (the op ``K.rnn`` builds) over a few time steps,
+  the op's first input there depending on the carried state (so that the op
+  runs in the loop, not hoisted out of it: checked); all the cases of a dtype
+  in one step, so that one loop compiles for them all, and the steps after the
+  first run in it where every op has a compiled form (checked),
 in float32 and float64 where the op takes floats.  The reference evaluates
 the same graph node by node with each op's NumPy form
 (``evaluator.evaluate``), in a Python loop over the steps for the scan.
@@ -30,6 +32,8 @@ from jit_kernels import blas, conv
 from numbackend import evaluator, tuning
 from numbackend.graph import toposort
 from numbackend.ops import OPS
+from numbackend.ops.scan import scan
+from numbackend.plan import BODIES
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10, None: 0.0}
 STEPS = 3  # time steps of the scan mode
@@ -109,6 +113,10 @@ def _tanh_step(x_t, states):
     return h, [h]
 
 
+# the reason of cases whose op only a run-time dimension brings (a gradient
+# summed back to an unknown shape): inside a scan's step the shapes are static
+STATIC_IN_SCAN = "the op comes from a run-time dimension: a scan's step has static shapes"
+
 C = Case
 CASES = [
     # element-wise: fused into generated kernels
@@ -149,8 +157,8 @@ CASES = [
       normal(4, 6), probabilities(4, 6), whole_call=True),
     C("expm1", K.elu, normal(4, 6), whole_call=True),
     C("log", K.log, positive(4, 6), whole_call=True),
-    C("log1p", lambda x, y: K.binary_crossentropy(x, y, from_logits=True), positive(4, 6),
-      normal(4, 6), whole_call=True),
+    C("log1p", lambda logits, target: K.binary_crossentropy(target, logits, from_logits=True),
+      normal(4, 6), positive(4, 6), whole_call=True),
     C("tanh", K.tanh, normal(4, 6), whole_call=True),
     C("sigmoid", K.sigmoid, normal(4, 6), whole_call=True),
     C("softplus", K.softplus, normal(4, 6), whole_call=True),
@@ -174,9 +182,9 @@ CASES = [
     C("reshape", lambda x: K.reshape(x * 2.0, (6, 4)) + 1.0, normal(4, 6), whole_call=True),
     C("reshape_like", gradient(lambda x: K.reshape(x, (6, 4))), normal(4, 6), normal(6, 4)),
     C("expand_dims", gradient(lambda x: K.sum(x, axis=-1)), normal(2, 3, 6), normal(2, 3),
-      unknown={0: (0, 1)}),
+      unknown={0: (0, 1)}, scan=STATIC_IN_SCAN),
     C("sum_to", gradient(lambda x, b: x * b, wrt=1), normal(4, 6), normal(4, 6), normal(4, 6),
-      unknown={1: (0,)}),
+      unknown={1: (0,)}, scan=STATIC_IN_SCAN),
     C("axes_size", gradient(lambda x: K.mean(x, axis=0)), normal(4, 6), normal(6),
       unknown_batch=True),
     C("concatenate", lambda x, y: K.concatenate([x * 2.0, y], axis=-1), normal(4, 6), normal(4, 3),
@@ -184,7 +192,7 @@ CASES = [
     C("slice_axis_like", gradient(lambda x, y: K.concatenate([x, y], axis=-1)), normal(4, 6),
       normal(4, 3), normal(4, 9)),
     C("split_part", gradient(lambda x, y: K.concatenate([x, y], axis=0)), normal(4, 6),
-      normal(4, 6), normal(8, 6), unknown_batch=True),
+      normal(4, 6), normal(8, 6), unknown_batch=True, scan=STATIC_IN_SCAN),
     C("stack", lambda x, y: K.stack([x, y], axis=1), normal(4, 6), normal(4, 6)),
     C("take_index", gradient(lambda x, y: K.stack([x, y], axis=1)), normal(4, 6), normal(4, 6),
       normal(4, 2, 6)),
@@ -331,12 +339,14 @@ def assert_close(got, want, tolerance, what):
 
 
 def _call_counting_plan(fn):
-    runs, run = [0], fn.plan.run
+    """[how many times the plan of ``fn`` (a function, or a plan) ran], counted from now."""
+    plan = getattr(fn, "plan", fn)
+    runs, run = [0], plan.run
 
     def counted(*arrays):
         runs[0] += 1
         return run(*arrays)
-    fn.plan.run = counted
+    plan.run = counted
     return runs
 
 
@@ -365,42 +375,76 @@ def _check_plan_or_call(case, dtype, mode):
         assert_close(g, w, case.tolerance[dtype], f"{case.name} {mode} {dtype} output {i}")
 
 
-def _check_scan(case, dtype):
-    """The op inside a K.rnn step: its first input is the step's slice plus the
-    carried state, which the step then halves (so that the op runs in the loop,
-    not hoisted out of it)."""
-    rng = np.random.default_rng(1)
-    arrays = case.arrays(dtype)
-    first, others = arrays[0], arrays[1:]
-    shape = first.shape
-    # each step's slice drawn as the op's first input is: with the state, which
-    # the step halves, the operand stays where the op is defined (positive, say)
-    sequence = np.stack([case.inputs[0](rng, dtype).reshape(-1) for _ in range(STEPS)])[None]
-    initial = first
-    seq_in = K.placeholder(sequence.shape, dtype=dtype)
-    state_in = K.placeholder(shape, dtype=dtype)
+def _scan_reference(case, dtype, sequence, initial, others):
+    """The case's op in a Python loop over the steps with each op's NumPy form:
+    (per-step outputs stacked, the last state)."""
+    shape = initial.shape
+    operand = K.placeholder(shape, dtype=dtype)
     other_ins = [K.placeholder(a.shape, dtype=str(a.dtype)) for a in others]
-    operand = K.placeholder(shape, dtype=dtype)  # the op's graph alone, for the reference
-    reference_outputs = _targets(case.build(operand, *other_ins))
-
-    def step(x_t, states):
-        a = K.reshape(x_t, shape) + states[0]
-        out = _targets(case.build(a, *other_ins))[0]
-        return K.reshape(out, (1, -1)), [a * 0.5]
-
-    _, outputs, (last_state,) = K.rnn(step, seq_in, [state_in])
-    with tuning.override(ONE_CALL_AFTER=10**9):
-        fn = K.function([seq_in, state_in] + other_ins, [outputs, last_state])
-        got_outputs, got_state = fn([sequence, initial] + others)
+    outputs = _targets(case.build(operand, *other_ins))[:1]
     h, want = initial, []
     for t in range(STEPS):
-        a = sequence[0, t].reshape(shape) + h
+        a = sequence[t] + h
         feeds = {operand.id: a, **{p.id: v for p, v in zip(other_ins, others)}}
-        want.append(np.asarray(numpy_values(reference_outputs, feeds)[0]).reshape(1, -1))
+        want.append(np.asarray(numpy_values(outputs, feeds)[0]).reshape(1, -1))
         h = a * np.asarray(0.5, dtype)
-    tolerance = case.tolerance[dtype]
-    assert_close(got_outputs, np.stack(want, axis=1), tolerance, f"{case.name} scan {dtype} outputs")
-    assert_close(got_state, h, tolerance, f"{case.name} scan {dtype} state")
+    return np.stack(want), h
+
+
+def _check_scan(cases, dtype, loop_compiles):
+    """Each case's op inside one scan's step (the op K.rnn builds), all the
+    cases of a group in one step: a case's first input is its step's slice
+    plus its carried state, which the step then halves (so that the op runs
+    in the loop, not hoisted out of it).  One step for many ops: one loop to
+    compile rather than one per op.  ``loop_compiles``: every op of the group
+    has a compiled form, so that the steps after the first run in the
+    compiled loop (checked), else all from Python."""
+    rng = np.random.default_rng(1)
+    sequences, initials, others = [], [], []
+    for case in cases:
+        arrays = case.arrays(dtype)
+        # each step's slice drawn as the op's first input is: with the state,
+        # which the step halves, the operand stays where the op is defined
+        sequences.append(np.stack([case.inputs[0](rng, dtype) for _ in range(STEPS)]))
+        initials.append(arrays[0])
+        others.append(arrays[1:])
+    seq_ins = [K.placeholder(q.shape, dtype=dtype) for q in sequences]
+    state_ins = [K.placeholder(h.shape, dtype=dtype) for h in initials]
+    other_ins = [[K.placeholder(a.shape, dtype=str(a.dtype)) for a in o] for o in others]
+
+    def step(slices, states):
+        outs, new_states = [], []
+        for case, x_t, h, ins in zip(cases, slices, states, other_ins):
+            a = x_t + h
+            # (1, n): a scalar result would keep the loop from compiling
+            outs.append(K.reshape(_targets(case.build(a, *ins))[0], (1, -1)))
+            new_states.append(a * 0.5)
+        return outs, new_states
+
+    outputs, finals = scan(step, seq_ins, state_ins, keep_history=False, where="path matrix")
+    (node,) = [n for n in toposort(finals) if n.op == "scan"]
+    in_step = {n.op for n in toposort(node.attrs["body"].outputs)}
+    missing = [case.name for case in cases if case.op not in in_step]
+    assert not missing, f"not in the scan's step (hoisted out of it): {missing}"
+    feeds = [p for group in other_ins for p in group]
+    step_plan = BODIES.plan(node.attrs["body"])
+    runs = _call_counting_plan(step_plan)  # the steps run from Python
+    with tuning.override(ONE_CALL_AFTER=10**9):
+        fn = K.function(seq_ins + state_ins + feeds, outputs + finals)
+        got = fn(sequences + initials + [a for group in others for a in group])
+    # the first step from Python (it checks the shapes), the others in the loop
+    expected = 1 if loop_compiles and blas.AVAILABLE else STEPS
+    assert runs[0] == expected, (f"{runs[0]} of {STEPS} steps ran from Python, expected {expected}: "
+                                 + ", ".join(c.name for c in cases))
+    failures = []
+    for i, case in enumerate(cases):
+        want_outputs, want_state = _scan_reference(case, dtype, sequences[i], initials[i], others[i])
+        for what, g, w in (("outputs", got[i], want_outputs), ("state", got[len(cases) + i], want_state)):
+            try:
+                assert_close(g, w, case.tolerance[dtype], f"{case.name} scan {dtype} {what}")
+            except AssertionError as error:
+                failures.append(str(error))
+    assert not failures, "\n".join(failures)
 
 
 def _op_params():
@@ -408,22 +452,38 @@ def _op_params():
     for case in CASES:
         dtypes = ("float32", "float64") if case.floats else (None,)
         for dtype in dtypes:
-            for mode in ("plan", "whole call", "scan"):
-                marks = ()
-                if mode == "scan" and case.scan is not True:
-                    marks = pytest.mark.skip(reason=f"not in a scan: {case.scan}")
-                params.append(pytest.param(case, dtype, mode, marks=marks,
+            for mode in ("plan", "whole call"):
+                params.append(pytest.param(case, dtype, mode,
                                            id=f"{case.name}-{mode.replace(' ', '_')}-{dtype or 'fixed'}"))
+            if case.scan is not True:
+                params.append(pytest.param(case, dtype, "scan", id=f"{case.name}-scan-{dtype or 'fixed'}",
+                                           marks=pytest.mark.skip(reason=f"not in a scan: {case.scan}")))
     return params
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("case, dtype, mode", _op_params())
-def test_op_matches_numpy(case, dtype, mode, capsys):
-    if mode == "scan":
-        _check_scan(case, dtype)
-    else:
-        _check_plan_or_call(case, dtype, mode)
+def test_op_matches_numpy(case, dtype, mode):
+    _check_plan_or_call(case, dtype, mode)
+
+
+def _scan_groups():
+    """The cases run inside a scan step, by dtype and by whether every op has
+    a compiled form (the loop compiles) or not (steps run from Python)."""
+    groups = {}
+    for case in CASES:
+        if case.scan is True:
+            for dtype in ("float32", "float64") if case.floats else (None,):
+                groups.setdefault((dtype, case.whole_call), []).append(case)
+    return [pytest.param(cases, dtype, compiled,
+                         id=f"{dtype or 'fixed'}-{'compiled_loop' if compiled else 'from_python'}")
+            for (dtype, compiled), cases in sorted(groups.items(), key=str)]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("cases, dtype, loop_compiles", _scan_groups())
+def test_ops_inside_a_scan_step_match_numpy(cases, dtype, loop_compiles):
+    _check_scan(cases, dtype, loop_compiles)
 
 
 def test_every_registered_op_is_in_the_matrix():

@@ -37,6 +37,9 @@ from numbackend.plan import BODIES
 
 TOLERANCE = {"float32": 1e-5, "float64": 1e-10, None: 0.0}
 STEPS = 3  # time steps of the scan mode
+# cases run in one scan step: one loop compiles for them all (a loop's compile
+# time grows faster than its length: all of a dtype's cases in one took longer)
+SCAN_GROUP = 8
 
 
 # ---------------------------------------------------------------------------
@@ -475,9 +478,14 @@ def _scan_groups():
         if case.scan is True:
             for dtype in ("float32", "float64") if case.floats else (None,):
                 groups.setdefault((dtype, case.whole_call), []).append(case)
-    return [pytest.param(cases, dtype, compiled,
-                         id=f"{dtype or 'fixed'}-{'compiled_loop' if compiled else 'from_python'}")
-            for (dtype, compiled), cases in sorted(groups.items(), key=str)]
+    params = []
+    for (dtype, compiled), cases in sorted(groups.items(), key=str):
+        for first in range(0, len(cases), SCAN_GROUP):
+            part = cases[first:first + SCAN_GROUP]
+            where = 'compiled_loop' if compiled else 'from_python'
+            params.append(pytest.param(part, dtype, compiled,
+                                       id=f"{dtype or 'fixed'}-{where}-{part[0].name}-{part[-1].name}"))
+    return params
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")

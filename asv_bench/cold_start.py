@@ -1,0 +1,169 @@
+"""A new process's first prediction and the calls after it, as a new user meets them.
+
+    python asv_bench/cold_start.py [--calls N] [--models mlp,cnn,lstm] [--no-onnx]
+
+For each model (the W3 784-512-512-10 MLP written with K.*, Keras 2.2.5's
+mnist_cnn, and a Keras LSTM(128) over 100 steps of 32 features with a softmax
+Dense), a new process with an empty HOME and an empty NUMBACKEND_CACHE_DIR
+builds the model and predicts N times at batch 1; then a second process does the
+same with the caches the first one left (warm).  Each line gives the time from
+the process's start to its first prediction, the first call alone, and the
+slowest later call.  Where ONNX Runtime is installed, the same MLP and CNN are
+saved as ONNX files and a new process imports onnxruntime, loads the file and
+predicts once, for the comparison.
+
+The library kernels (jit_kernels) are read from wherever the installed package
+keeps them: after ``python -m numbackend warmup`` an empty HOME compiles only
+the model's own kernels.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+
+CHILD = r"""
+import json, os, sys, time
+start = time.perf_counter()
+import numpy as np
+model, calls = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+if model == "mlp":
+    import numbackend as K
+    x = K.placeholder((None, 784))
+    h = x
+    for i, (m, n) in enumerate([(784, 512), (512, 512), (512, 10)]):
+        h = K.dot(h, K.variable(rng.standard_normal((m, n)).astype("float32") / np.sqrt(m)))
+        h = h + K.variable(np.zeros(n, "float32"))
+        h = K.relu(h) if i < 2 else K.softmax(h)
+    f = K.function([x], [h])
+    data = rng.standard_normal((1, 784)).astype("float32")
+    predict = lambda: f([data])[0]
+else:
+    os.environ["KERAS_BACKEND"] = "numbackend"
+    from keras import layers
+    from keras.models import Sequential
+    if model == "cnn":
+        net = Sequential([layers.Conv2D(32, (3, 3), activation="relu", input_shape=(28, 28, 1)),
+                          layers.Conv2D(64, (3, 3), activation="relu"), layers.MaxPooling2D((2, 2)),
+                          layers.Dropout(0.25), layers.Flatten(), layers.Dense(128, activation="relu"),
+                          layers.Dropout(0.5), layers.Dense(10, activation="softmax")])
+        data = rng.standard_normal((1, 28, 28, 1)).astype("float32")
+    else:
+        net = Sequential([layers.LSTM(128, input_shape=(100, 32)), layers.Dense(10, activation="softmax")])
+        data = rng.standard_normal((1, 100, 32)).astype("float32")
+    predict = lambda: net.predict(data)
+times = []
+for _ in range(calls):
+    t = time.perf_counter()
+    predict()
+    times.append(time.perf_counter() - t)
+print(json.dumps({"to_first": time.perf_counter() - start - sum(times[1:]), "calls": times}))
+"""
+
+ONNX_CHILD = r"""
+import json, sys, time
+start = time.perf_counter()
+import numpy as np
+import onnxruntime as ort
+options = ort.SessionOptions()
+options.intra_op_num_threads = 2
+session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+shape = json.loads(sys.argv[2])
+session.run(None, {"x": np.ones(shape, np.float32)})
+print(json.dumps({"to_first": time.perf_counter() - start}))
+"""
+
+
+def run_child(source, args, env):
+    out = subprocess.run([sys.executable, "-c", source, *args], env=env, capture_output=True, text=True,
+                         check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"cold_start: the child failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def numbackend_runs(model, calls):
+    """(empty caches, warm caches) results of two new processes sharing one HOME."""
+    home = tempfile.mkdtemp(prefix="cold-start-home-")
+    env = dict(os.environ, HOME=home, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("NUMBACKEND_CACHE_DIR", None)
+    env.pop("XDG_CACHE_HOME", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return [run_child(CHILD, [model, str(calls)], env) for _ in range(2)]
+
+
+def onnx_files():
+    """{model: (path, input shape)} of the MLP and the CNN saved as ONNX files."""
+    sys.path.insert(0, HERE)
+    sys.path.insert(0, ROOT)
+    import compare_peers
+    import onnx
+    from benchmarks.common import cnn_weights
+    from onnx import TensorProto, helper, numpy_helper
+    mlp = compare_peers.workloads()[3]
+    n = helper.make_node
+    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+    nodes, inits, h = [], [], "x"
+    for i, (w, b) in enumerate(mlp):
+        nodes += [n("MatMul", [h, f"w{i}"], [f"m{i}"]), n("Add", [f"m{i}", f"b{i}"], [f"z{i}"]),
+                  n("Relu" if i < 2 else "Softmax", [f"z{i}"], [f"h{i}"])]
+        inits += [(f"w{i}", w), (f"b{i}", b)]
+        h = f"h{i}"
+    graphs = {"mlp": (nodes, [vi("x", ["n", 784])], [vi(h, ["n", 10])], inits, [1, 784])}
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_weights()
+    nodes = [n("Conv", ["x", "k1", "c1"], ["h1"]), n("Relu", ["h1"], ["r1"]),
+             n("Conv", ["r1", "k2", "c2"], ["h2"]), n("Relu", ["h2"], ["r2"]),
+             n("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             n("Transpose", ["p"], ["pt"], perm=[0, 2, 3, 1]), n("Flatten", ["pt"], ["f"]),
+             n("Gemm", ["f", "w3", "b3"], ["d"]), n("Relu", ["d"], ["dr"]),
+             n("Gemm", ["dr", "w4", "b4"], ["z"]), n("Softmax", ["z"], ["y"], axis=-1)]
+    inits = [("k1", k1.transpose(3, 2, 0, 1).copy()), ("c1", c1), ("k2", k2.transpose(3, 2, 0, 1).copy()),
+             ("c2", c2), ("w3", w3), ("b3", b3), ("w4", w4), ("b4", b4)]
+    graphs["cnn"] = (nodes, [vi("x", ["n", 1, 28, 28])], [vi("y", ["n", 10])], inits, [1, 1, 28, 28])
+    folder = tempfile.mkdtemp(prefix="cold-start-onnx-")
+    files = {}
+    for name, (nodes, inputs, outputs, inits, shape) in graphs.items():
+        graph = helper.make_graph(nodes, name, inputs, outputs,
+                                  [numpy_helper.from_array(v, k) for k, v in inits])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 8
+        path = os.path.join(folder, f"{name}.onnx")
+        onnx.save(model, path)
+        files[name] = (path, shape)
+    return files
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=15)
+    parser.add_argument("--models", default="mlp,cnn,lstm")
+    parser.add_argument("--no-onnx", action="store_true")
+    args = parser.parse_args()
+    onnx = {}
+    if not args.no_onnx:
+        try:
+            onnx = onnx_files()
+        except ImportError as error:
+            print(f"(no ONNX Runtime comparison: {error})")
+    for model in args.models.split(","):
+        for label, result in zip(("empty caches", "warm caches"), numbackend_runs(model, args.calls)):
+            calls = result["calls"]
+            later = max(calls[1:]) if len(calls) > 1 else float("nan")
+            slowest = 2 + calls[1:].index(later) if len(calls) > 1 else 0
+            line = (f"{model:5s} {label:12s}: start -> first prediction {result['to_first']:6.2f} s "
+                    f"(the call {calls[0]:6.2f} s), slowest later call {later:6.3f} s (call {slowest})")
+            if model in onnx and label == "warm caches":
+                path, shape = onnx[model]
+                ort_first = min(run_child(ONNX_CHILD, [path, json.dumps(shape)], dict(os.environ))["to_first"]
+                                for _ in range(3))
+                line += f"; ONNX Runtime {ort_first:.2f} s ({result['to_first'] / ort_first:.2f}x)"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -181,13 +181,13 @@ def usable_folder(*names):
     if reason is None:
         return _os.path.join(base, *names)
     if configured:
-        _warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
+        warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
                                f"for saving ({reason}); reading it, saving to a temporary folder")
     temporary = _os.path.join(_tempfile.gettempdir(), f"numbackend-{_os.getuid()}")
     reason = _unusable(temporary, names, follow_link=False)
     if reason is None:
         return _os.path.join(temporary, *names)
-    _warn_once(temporary, f"numbackend: the kernel cache folder {temporary} cannot be used "
+    warn_once(temporary, f"numbackend: the kernel cache folder {temporary} cannot be used "
                           f"({reason}); using a new folder of this process")
     global _private_base
     if _private_base is None or _unusable(_private_base, names, follow_link=False) is not None:
@@ -251,7 +251,7 @@ def seed_folders(*names):
             found = False
         if not found:
             if _os.path.isdir(root) and not _os.access(root, _os.R_OK | _os.X_OK):
-                _warn_once(("seed", root), f"numbackend: the cache seed {root} cannot be read "
+                warn_once(("seed", root), f"numbackend: the cache seed {root} cannot be read "
                                            "by this user")
             continue
         if folder in folders:
@@ -260,7 +260,7 @@ def seed_folders(*names):
         if reason is None:
             folders.append(folder)
         else:
-            _warn_once(("seed", root), f"numbackend: the cache seed {root} is not read ({reason})")
+            warn_once(("seed", root), f"numbackend: the cache seed {root} is not read ({reason})")
     return folders
 
 
@@ -283,8 +283,9 @@ def _untrusted(root, names):
 _warned = set()  # the folders warned of
 
 
-def _warn_once(folder, message):
-    """warnings.warn(message), where nothing was said yet of ``folder``."""
+def warn_once(folder, message):
+    """warnings.warn(message), where nothing was said yet of ``folder`` (None: of
+    having no cache folder at all) in this process."""
     if folder not in _warned:
         _warned.add(folder)
         _warnings.warn(message, stacklevel=3)
@@ -418,7 +419,7 @@ def _compiled_folders():
         try:
             writable = usable_folder(*names)
         except OSError as error:
-            _warn_once(None, f"{error}; compiling without saving compiled code")
+            warn_once(None, f"{error}; compiling without a cache")
             writable = None
         seeds = [f for f in seed_folders(*names) if f != writable]
         found = _folders_by_config[config] = (seeds, writable)

@@ -20,10 +20,11 @@ parallel one (the scan loop's cache, in the next process).
 
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
-hash keys the kernel in memory and on disk.  Numba caches the compiled code
-beside the source file, so a second process loads instead of compiling.  A
-file in the cache is used only when its bytes are the source's, and the
-module always runs from the source in hand (see :func:`load_kernel`).
+hash keys the kernel in memory and on disk.  The compiled code is cached too
+(jit_kernels.compiling.KernelCache, keyed by the file's bytes), so a second
+process loads instead of compiling.  A file in the cache or a seed is used
+only when its bytes are the source's, and the module always runs from the
+source in hand (see :func:`load_kernel`).
 """
 import collections
 import contextlib
@@ -514,7 +515,8 @@ def _cached_file(key, source):
     try:
         folder = cache_dir()
     except OSError as error:
-        _warn_once(None, f"{error}; computing without a kernel cache")
+        from jit_kernels.compiling import warn_once  # one warning for kernels and compiled code
+        warn_once(None, f"{error}; compiling without a cache")
         return None
     path = os.path.join(folder, f"k_{key}.py")
     if _holds(path, data):

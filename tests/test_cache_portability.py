@@ -16,8 +16,9 @@ import pytest
 
 REPOSITORY = pathlib.Path(__file__).resolve().parent.parent
 
-# Computes tanh(a) * 2 + 1 as one fused kernel; prints whether it matches NumPy
-# and how many functions Numba compiled in the process (0: all loaded).
+# Computes softmax(tanh(a) * 2) as one fused kernel (which calls jit_kernels'
+# row reductions); prints whether it matches NumPy and how many functions Numba
+# compiled in the process (0: all loaded).
 PREDICT = textwrap.dedent("""
     import sys
     from numba.core import event
@@ -37,13 +38,14 @@ PREDICT = textwrap.dedent("""
     from jit_kernels import compiling
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
     a = K.placeholder((None, 4))
-    f = K.function([a], [K.tanh(a) * 2.0 + 1.0])
+    f = K.function([a], [K.softmax(K.tanh(a) * 2.0)])
     if len(sys.argv) > 1:  # save under this cache root (a seed)
         with compiling.saving_to(sys.argv[1]):
             y = f([x])[0]
     else:
         y = f([x])[0]
-    print(np.allclose(y, np.tanh(x.astype(np.float64)) * 2 + 1, rtol=1e-5), len(compiles))
+    e = np.exp(np.tanh(x.astype(np.float64)) * 2)
+    print(np.allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5), len(compiles))
 """)
 
 

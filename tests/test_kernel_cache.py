@@ -179,6 +179,38 @@ def test_threads_writing_one_new_kernel_module_at_once(tmp_path, monkeypatch):
         np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
 
 
+def test_threads_saving_one_compiled_code_entry_at_once(tmp_path, monkeypatch):
+    # each writer has a temporary file of its own, renamed over the entry: a name
+    # shared by the threads of a process (path.<pid>.tmp) was renamed away by the
+    # first, and the others failed (FileNotFoundError)
+    from jit_kernels import compiling
+    threads = 4
+    barrier = threading.Barrier(threads)
+
+    def open_waiting_on_others(file, mode="r", *args, **kwargs):
+        opened = open(file, mode, *args, **kwargs)  # noqa: SIM115 - closed by the caller
+        return opened if "r" in mode else _FileWaitingOnOthers(opened, barrier)
+
+    monkeypatch.setattr(compiling, "open", open_waiting_on_others, raising=False)
+    entry = tmp_path / "entry.nbc"
+    errors = []
+
+    def save(i):
+        try:
+            compiling.write_atomically(str(entry), f"entry of thread {i}".encode() * 1000)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=save, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert os.listdir(tmp_path) == ["entry.nbc"]
+    assert entry.read_bytes() in [f"entry of thread {i}".encode() * 1000 for i in range(threads)]
+
+
 # --- the choice of the folder ---------------------------------------------------
 
 
@@ -392,10 +424,11 @@ def test_a_corrupt_compiled_code_entry_is_compiled_again(tanh_chain_cache, tmp_p
         entry.write_bytes(corrupt(entry.read_bytes(), other.read_bytes()))
     env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(cache))
     for expect_warning in (True, False):  # the entry saved anew loads in the next process
-        out = subprocess.run([sys.executable, "-c", BUILD_TANH_CHAINS, "1"], env=env,
+        # the other kernel's module first: its code could then be loaded as it is
+        out = subprocess.run([sys.executable, "-c", BUILD_TANH_CHAINS, "2", "1"], env=env,
                              capture_output=True, text=True, check=False)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split()[0] == "True"
+        assert out.stdout.split()[::2] == ["True", "True"]
         assert ("unreadable cache entry" in out.stderr) == expect_warning, out.stderr
 
 

@@ -147,14 +147,20 @@ def saving_to(root):
     seed with it).  Raises OSError, before the block, where ``root`` cannot be
     used (see :func:`usable_folder`)."""
     global _save_root
-    reason = _unusable(root, (), follow_link=True)
-    if reason is not None:
-        raise OSError(f"saving_to: cannot save compiled code under {root} ({reason})")
     previous, _save_root = _save_root, root
     try:
+        reason = _unusable(root, (), follow_link=True)
+        if reason is not None:
+            raise OSError(f"saving_to: cannot save compiled code under {root} ({reason})")
         yield root
     finally:
         _save_root = previous
+
+
+def entry_mode():
+    """The permissions of a new cache file: readable by all when saving to a
+    seed (:func:`saving_to`: it serves other users), else by this user alone."""
+    return 0o644 if _save_root is not None else 0o600
 
 
 def usable_folder(*names):
@@ -182,7 +188,7 @@ def usable_folder(*names):
         return _os.path.join(base, *names)
     if configured:
         warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
-                               f"for saving ({reason}); reading it, saving to a temporary folder")
+                               f"for saving ({reason}); saving to a temporary folder, reading it as a seed")
     temporary = _os.path.join(_tempfile.gettempdir(), f"numbackend-{_os.getuid()}")
     reason = _unusable(temporary, names, follow_link=False)
     if reason is None:
@@ -207,7 +213,8 @@ _private_base = None  # the fresh folder of this process, once made
 
 def _unusable(base, names, follow_link):
     """Why ``base/names...`` cannot take cache entries, after making the folders
-    that are missing (mode 0700); None when it can.
+    that are missing (mode 0700, or 0755 for a seed: see :func:`entry_mode`);
+    None when it can.
 
     Whoever can write to the folder, or to one above it up to ``base`` (where
     they can rename it and put their own in its place), can run code in this
@@ -220,7 +227,7 @@ def _unusable(base, names, follow_link):
     try:
         for path in paths:
             if not _os.path.lexists(path):
-                _os.makedirs(path, mode=0o700, exist_ok=True)
+                _os.makedirs(path, mode=entry_mode() | 0o111, exist_ok=True)
             status = _os.stat(path, follow_symlinks=follow_link and path == base)
             if _stat.S_ISLNK(status.st_mode):
                 return f"{path} is a symbolic link"
@@ -299,6 +306,7 @@ def write_atomically(path, data):
     descriptor, temporary = _tempfile.mkstemp(dir=_os.path.dirname(path),
                                               prefix=f"{_os.path.basename(path)}.", suffix=".tmp")
     try:
+        _os.fchmod(descriptor, entry_mode())
         with open(descriptor, "wb") as f:
             f.write(data)
         _os.replace(temporary, path)

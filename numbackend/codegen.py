@@ -554,9 +554,11 @@ def _write_atomically(path, data):
     """Write the bytes ``data`` to ``path`` through a new temporary file in its folder,
     renamed over it: a concurrent reader sees the whole file or none, concurrent
     writers each have their own temporary file, and a failure leaves none."""
+    from jit_kernels.compiling import entry_mode
     descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path),
                                              prefix=f"{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.fchmod(descriptor, entry_mode())
         with open(descriptor, "wb") as f:
             f.write(data)
         os.replace(temporary, path)

@@ -164,6 +164,9 @@ def test_code_saved_to_the_package_seed_is_used_with_an_empty_cache(tmp_path):
     ok, compiles, _ = predict(env, seed)
     assert ok and compiles > 0 and (seed / "numba").is_dir()
     assert not (tmp_path / "first" / "numba").exists()
+    # the seed serves other users: readable by all, writable by its owner alone
+    saved = [seed, *seed.rglob("*")]
+    assert all(path.stat().st_mode & 0o777 == (0o755 if path.is_dir() else 0o644) for path in saved)
     env["NUMBACKEND_CACHE_DIR"] = str(tmp_path / "second")
     assert predict(env)[:2] == (True, 0)
 

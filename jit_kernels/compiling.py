@@ -227,7 +227,11 @@ def _unusable(base, names, follow_link):
     try:
         for path in paths:
             if not _os.path.lexists(path):
-                _os.makedirs(path, mode=entry_mode() | 0o111, exist_ok=True)
+                if _save_root is None:
+                    _os.makedirs(path, mode=0o700, exist_ok=True)
+                else:  # a seed, in a folder its user chose: readable by all, whatever the umask
+                    _os.makedirs(path, mode=0o755, exist_ok=True)
+                    _os.chmod(path, 0o755)
             status = _os.stat(path, follow_symlinks=follow_link and path == base)
             if _stat.S_ISLNK(status.st_mode):
                 return f"{path} is a symbolic link"

@@ -16,7 +16,8 @@ _LAZY = {
     "njit_cached_twins": "compiling",
     "has_source_file": "compiling",
     "package_stamp": "compiling",
-    "stamp_with_package": "compiling",
+    "seed_dir": "compiling",
+    "saving_to": "compiling",
     "fork_gate": "fork",
     "parallel_ok": "fork",
 }

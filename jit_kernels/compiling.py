@@ -1,17 +1,65 @@
-"""How jit_kernels compiles: :func:`njit_cached` (Numba's disk cache, loaded
-cheaply and keyed by the whole package's sources), its parallel/serial twins,
-and the process-wide LLVM options every kernel is compiled with.  Imported by
-every kernel module, so the options are set before any compile.
+"""How jit_kernels compiles: :func:`njit_cached` (a disk cache of ours, loaded
+cheaply, portable and keyed by content), its parallel/serial twins, the
+process-wide LLVM options every kernel is compiled with, and the CPU target
+(``NUMBACKEND_CPU_TARGET``).  Imported by every kernel module, so the options
+are set before any compile.
+
+Where compiled code is cached: under a *cache root* (``NUMBACKEND_CACHE_DIR``,
+else ``~/.cache/numbackend``, else ``<tmp>/numbackend-<uid>``, else a private
+folder of the process), in ``numba/<target key>/``, one file per function and
+signature (see :class:`KernelCache`).  Read-only *seeds* (``NUMBACKEND_CACHE_SEED``,
+the package's own :func:`seed_dir`, a read-only ``NUMBACKEND_CACHE_DIR``) have
+the same layout and are searched first.
 """
 
 import contextlib as _contextlib
+import functools as _functools
+import hashlib as _hashlib
 import os as _os
+import re as _re
+import stat as _stat
+import sys as _sys
+import tempfile as _tempfile
 import types as _types
 import warnings as _warnings
 
+
+def _apply_cpu_target():
+    """Make ``NUMBACKEND_CPU_TARGET`` (an LLVM CPU name such as ``x86-64-v3`` or
+    ``generic``) Numba's CPU, with that CPU's own features rather than the
+    host's, so that compiled code, and the cache holding it, run on every CPU
+    of the family.  Before Numba is imported: it reads NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES when it loads."""
+    target = _os.environ.get("NUMBACKEND_CPU_TARGET", "").strip()
+    if not target:
+        return
+    if not _re.fullmatch(r"[A-Za-z0-9_.-]+", target):
+        raise ValueError(f"jit_kernels: NUMBACKEND_CPU_TARGET must be an LLVM CPU name "
+                         f"(such as x86-64-v3 or generic), got {target!r}")
+    named = _os.environ.get("NUMBA_CPU_NAME")
+    if named is not None and named != target:
+        raise ValueError(f"jit_kernels: NUMBACKEND_CPU_TARGET={target!r} and "
+                         f"NUMBA_CPU_NAME={named!r} disagree; set one of them")
+    _os.environ["NUMBA_CPU_NAME"] = target
+    _os.environ.setdefault("NUMBA_CPU_FEATURES", "")  # the target's features, not the host's
+    if "numba" in _sys.modules:
+        from numba.core import config
+        config.reload_config()
+        from numba.core.registry import cpu_target
+        context = vars(cpu_target).get("_toplevel_target_context")
+        if context is not None and context.codegen()._tm_features != config.CPU_FEATURES:
+            raise RuntimeError(f"jit_kernels: NUMBACKEND_CPU_TARGET={target!r} came after Numba "
+                               "had set up its CPU; set it before the process starts")
+
+
+_apply_cpu_target()
+
+import llvmlite
 import llvmlite.binding as _llvm
 import numba as _numba
+from numba.core.caching import CompileResultCacheImpl as _CompileResultCacheImpl
 from numba.core.caching import FunctionCache as _FunctionCache
+from numba.core.caching import _CacheLocator
 
 # LLVM's loop vectoriser gives up on a loop that needs more than 128 run-time
 # checks that its arrays do not overlap.  Numba cannot tell LLVM that a
@@ -56,53 +104,451 @@ def _load_numba_array_math_without_scipy():
         linalg.ensure_blas = probe
 
 
-class LoadWithoutRegistries(_FunctionCache):
-    """Numba's per-function disk cache, minus the registry refresh on a load.
+# --- where compiled code is cached ---------------------------------------------
 
-    Before each load Numba refreshes its target context: on the first load of a
-    process that imports and installs every typing and lowering registry (a
-    good part of a new process's first warm-cache call), though loaded
+
+def _configured_root():
+    """NUMBACKEND_CACHE_DIR, or None where it is not set."""
+    return _os.environ.get("NUMBACKEND_CACHE_DIR") or None
+
+
+def _user_root():
+    """The user's cache folder for numbackend (XDG_CACHE_HOME, else ~/.cache)."""
+    home = _os.environ.get("XDG_CACHE_HOME") or _os.path.join(_os.path.expanduser("~"), ".cache")
+    return _os.path.join(home, "numbackend")
+
+
+def seed_dir():
+    """The package's own seed: a cache root inside the installed package, always
+    searched (read-only) for compiled code, and where ``python -m numbackend
+    warmup`` saves (see :func:`saving_to`) when the install can be written."""
+    return _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_seed")
+
+
+def seed_roots():
+    """The read-only cache roots searched before the writable one, in order: each
+    folder of NUMBACKEND_CACHE_SEED (separated by os.pathsep), the package's
+    :func:`seed_dir`, and NUMBACKEND_CACHE_DIR (read where it cannot be written:
+    a seed shipped in an image)."""
+    roots = [r for r in _os.environ.get("NUMBACKEND_CACHE_SEED", "").split(_os.pathsep) if r]
+    roots.append(seed_dir())
+    if _configured_root():
+        roots.append(_configured_root())
+    return roots
+
+
+_save_root = None  # the cache root of saving_to, where set
+
+
+@_contextlib.contextmanager
+def saving_to(root):
+    """Save compiled code and generated kernels under the cache root ``root`` in
+    the ``with`` block, process-wide (``python -m numbackend warmup`` builds a
+    seed with it).  Raises OSError, before the block, where ``root`` cannot be
+    used (see :func:`usable_folder`)."""
+    global _save_root
+    previous, _save_root = _save_root, root
+    try:
+        reason = _unusable(root, (), follow_link=True)
+        if reason is not None:
+            raise OSError(f"saving_to: cannot save compiled code under {root} ({reason})")
+        yield root
+    finally:
+        _save_root = previous
+
+
+def entry_mode():
+    """The permissions of a new cache file: readable by all when saving to a
+    seed (:func:`saving_to`: it serves other users), else by this user alone."""
+    return 0o644 if _save_root is not None else 0o600
+
+
+def usable_folder(*names):
+    """``<cache root>/<names...>``, made where missing, for saving: under the root
+    of :func:`saving_to`, else NUMBACKEND_CACHE_DIR, else the user's cache
+    folder, else ``<tmp>/numbackend-<uid>``, else a fresh folder of this
+    process (deleted when it exits).
+
+    A folder is used only where this process can write and no one else can
+    (see :func:`_unusable`): Numba loads the pickles it finds there.  A
+    configured folder that cannot be used (read-only: it is then read as a
+    seed), and a temporary one made by someone else, are named in a warning,
+    once.  Raises OSError when no folder can be made at all."""
+    if _save_root is not None:
+        reason = _unusable(_save_root, names, follow_link=True)
+        if reason is not None:
+            raise OSError(f"usable_folder: cannot save under {_save_root} ({reason})")
+        return _os.path.join(_save_root, *names)
+    configured = _configured_root()
+    # a configured folder or ~/.cache/numbackend may be a link the user made;
+    # the fixed name in the world-writable temporary folder may not
+    base = configured or _user_root()
+    reason = _unusable(base, names, follow_link=True)
+    if reason is None:
+        return _os.path.join(base, *names)
+    if configured:
+        warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
+                               f"for saving ({reason}); saving to a temporary folder, reading it as a seed")
+    temporary = _os.path.join(_tempfile.gettempdir(), f"numbackend-{_os.getuid()}")
+    reason = _unusable(temporary, names, follow_link=False)
+    if reason is None:
+        return _os.path.join(temporary, *names)
+    warn_once(temporary, f"numbackend: the kernel cache folder {temporary} cannot be used "
+                          f"({reason}); using a new folder of this process")
+    global _private_base
+    if _private_base is None or _unusable(_private_base, names, follow_link=False) is not None:
+        import atexit
+        import shutil
+        _private_base = _tempfile.mkdtemp(prefix="numbackend-")  # mode 0700
+        atexit.register(shutil.rmtree, _private_base, ignore_errors=True)
+        reason = _unusable(_private_base, names, follow_link=False)
+        if reason is not None:
+            raise OSError(f"numbackend: no usable kernel cache folder ({reason}); "
+                          "set NUMBACKEND_CACHE_DIR")
+    return _os.path.join(_private_base, *names)
+
+
+_private_base = None  # the fresh folder of this process, once made
+
+
+def _unusable(base, names, follow_link):
+    """Why ``base/names...`` cannot take cache entries, after making the folders
+    that are missing (mode 0700, or 0755 for a seed: see :func:`entry_mode`);
+    None when it can.
+
+    Whoever can write to the folder, or to one above it up to ``base`` (where
+    they can rename it and put their own in its place), can run code in this
+    process: each must be a folder owned by this user that group and others
+    cannot write to, and ``base`` a link only if ``follow_link``.  The folder
+    must take a file."""
+    paths = [base]
+    for name in names:
+        paths.append(_os.path.join(paths[-1], name))
+    try:
+        for path in paths:
+            if not _os.path.lexists(path):
+                if _save_root is None:
+                    _os.makedirs(path, mode=0o700, exist_ok=True)
+                else:  # a seed, in a folder its user chose: readable by all, whatever the umask
+                    _os.makedirs(path, mode=0o755, exist_ok=True)
+                    _os.chmod(path, 0o755)
+            status = _os.stat(path, follow_symlinks=follow_link and path == base)
+            if _stat.S_ISLNK(status.st_mode):
+                return f"{path} is a symbolic link"
+            if not _stat.S_ISDIR(status.st_mode):
+                return f"{path} is not a folder"
+            if status.st_uid != _os.getuid():
+                return f"{path} is owned by user {status.st_uid}"
+            if status.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH):
+                return f"others can write to {path}"
+        _tempfile.TemporaryFile(dir=paths[-1]).close()
+    except OSError as error:
+        return str(error)
+    return None
+
+
+def seed_folders(*names):
+    """The existing ``<seed root>/<names...>`` folders of :func:`seed_roots` that
+    can be trusted: every folder from the root down owned by this user or by
+    root, and writable by neither group nor others (whoever can write there
+    can run code in this process).  A seed that fails is named in a warning,
+    once, and skipped."""
+    folders = []
+    for root in seed_roots():
+        folder = _os.path.join(root, *names)
+        try:
+            found = _os.path.isdir(folder) and _os.access(folder, _os.R_OK | _os.X_OK)
+        except OSError:
+            found = False
+        if not found:
+            if _os.path.isdir(root) and not _os.access(root, _os.R_OK | _os.X_OK):
+                warn_once(("seed", root), f"numbackend: the cache seed {root} cannot be read "
+                                           "by this user")
+            continue
+        if folder in folders:
+            continue
+        reason = _untrusted(root, names)
+        if reason is None:
+            folders.append(folder)
+        else:
+            warn_once(("seed", root), f"numbackend: the cache seed {root} is not read ({reason})")
+    return folders
+
+
+def _untrusted(root, names):
+    """Why the seed folder ``root/names...`` cannot be trusted, or None."""
+    path = root
+    for name in (None, *names):
+        if name is not None:
+            path = _os.path.join(path, name)
+        status = _os.stat(path, follow_symlinks=name is None)
+        if _stat.S_ISLNK(status.st_mode):
+            return f"{path} is a symbolic link"
+        if status.st_uid not in (0, _os.getuid()):
+            return f"{path} is owned by user {status.st_uid}"
+        if status.st_mode & (_stat.S_IWGRP | _stat.S_IWOTH):
+            return f"others can write to {path}"
+    return None
+
+
+_warned = set()  # the folders warned of
+
+
+def warn_once(folder, message):
+    """warnings.warn(message), where nothing was said yet of ``folder`` (None: of
+    having no cache folder at all) in this process."""
+    if folder not in _warned:
+        _warned.add(folder)
+        _warnings.warn(message, stacklevel=3)
+
+
+def write_atomically(path, data):
+    """Write the bytes ``data`` to ``path`` through a new temporary file in its
+    folder, renamed over it: a concurrent reader sees the whole file or none,
+    concurrent writers (threads or processes) each have their own temporary
+    file, and a failure leaves none."""
+    descriptor, temporary = _tempfile.mkstemp(dir=_os.path.dirname(path),
+                                              prefix=f"{_os.path.basename(path)}.", suffix=".tmp")
+    try:
+        _os.fchmod(descriptor, entry_mode())
+        with open(descriptor, "wb") as f:
+            f.write(data)
+        _os.replace(temporary, path)
+    except BaseException:
+        with _contextlib.suppress(OSError):
+            _os.remove(temporary)
+        raise
+
+
+# --- the CPU target and the key of compiled code ---------------------------------
+
+
+def cpu_target():
+    """(LLVM CPU name, feature string) that Numba compiles for: NUMBA_CPU_NAME and
+    NUMBA_CPU_FEATURES (see NUMBACKEND_CPU_TARGET) where set, else the host's."""
+    from numba.core import config
+    from numba.core.codegen import get_host_cpu_features
+    name = config.CPU_NAME or _llvm.get_host_cpu_name()
+    features = config.CPU_FEATURES if config.CPU_FEATURES is not None else get_host_cpu_features()
+    return name, features
+
+
+def target_vector_bytes():
+    """The width in bytes of the vector registers of the CPU target: 64 where it
+    has AVX-512 (by its features, or ``x86-64-v4`` named without features),
+    else 32 (AVX; narrower machines split each vector in two)."""
+    name, features = cpu_target()
+    if features:
+        return 64 if "+avx512f" in features.split(",") else 32
+    return 64 if name == "x86-64-v4" else 32
+
+
+def target_key():
+    """The folder name of compiled code under a cache root's ``numba`` folder:
+    the CPU name and a hash of what compiled code depends on beyond a
+    function's own source: this package's sources and compiled tuning values
+    (:func:`package_stamp`), Numba's and llvmlite's versions, the target
+    triple, the CPU's name and features, and the vector width the packed
+    products are compiled for.  Never a path: a cache moved elsewhere is used
+    there.  Memoised."""
+    global _target_key
+    if _target_key is None:
+        from . import tuning
+        name, features = cpu_target()
+        parts = (package_stamp(), _numba.__version__, llvmlite.__version__,
+                 _llvm.get_process_triple(), name, features,
+                 tuning.PACKED_VECTOR_BYTES or target_vector_bytes())
+        digest = _hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+        _target_key = f"{_re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}"
+    return _target_key
+
+
+_target_key = None
+
+
+# --- the cache of compiled code ------------------------------------------------
+
+_ENTRY_MAGIC = b"numbackend-compiled-1\n"
+
+
+@_functools.cache
+def _file_digest(path, mtime_ns, size):
+    """sha256 of the file's bytes (memoised by its path, modification time and size)."""
+    with open(path, "rb") as f:
+        return _hashlib.sha256(f.read()).hexdigest()
+
+
+class _KernelLocator(_CacheLocator):
+    """Numba's locator for a function of ours: compiled code lives in
+    ``<cache root>/numba/<target key>/`` (see :func:`target_key`), never beside
+    the source or under a folder named by its path; the source's stamp is a
+    hash of its bytes."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+
+    def get_cache_path(self):
+        return _compiled_folders()[1]
+
+    def get_source_stamp(self):
+        status = _os.stat(self._py_file)
+        return _file_digest(self._py_file, status.st_mtime_ns, status.st_size)
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    def ensure_cache_path(self):
+        pass  # usable_folder made it
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        return cls(py_func, py_file)
+
+
+class _KernelCacheImpl(_CompileResultCacheImpl):
+    """Numba's CompileResult (de)serialisation with our locator, chosen
+    directly (NUMBA_CACHE_LOCATOR_CLASSES and NUMBA_CACHE_DIR do not apply),
+    and file names from the function's module and qualified name."""
+
+    def __init__(self, py_func):
+        self._lineno = py_func.__code__.co_firstlineno
+        self._locator = _KernelLocator(py_func, py_func.__code__.co_filename)
+        module = getattr(py_func, "__module__", None) or "__main__"
+        fullname = _re.sub(r"[^A-Za-z0-9_.-]", "", f"{module}.{py_func.__qualname__}")
+        self._filename_base = self.get_filename_base(fullname, getattr(_sys, "abiflags", ""))
+
+
+def _compiled_folders():
+    """(seed folders, writable folder or None) of compiled code for the current
+    configuration, memoised per configuration.  Where nothing can be written,
+    compiled code stays in memory, after one warning."""
+    names = ("numba", target_key())
+    config = (_save_root, _configured_root(), _user_root(), _tempfile.gettempdir(),
+              _os.environ.get("NUMBACKEND_CACHE_SEED"))
+    found = _folders_by_config.get(config)
+    if found is None:
+        try:
+            writable = usable_folder(*names)
+        except OSError as error:
+            warn_once(None, f"{error}; compiling without a cache")
+            writable = None
+        seeds = [f for f in seed_folders(*names) if f != writable]
+        found = _folders_by_config[config] = (seeds, writable)
+    return found
+
+
+_folders_by_config = {}
+
+
+class KernelCache(_FunctionCache):
+    """The disk cache of every :func:`njit_cached` function: one file per
+    function and signature, found by name, without an index.
+
+    A file is ``<module>.<qualname>-<line>.py<version>.<hash>.nbc`` where the
+    hash is of the entry's key (the signature, the CPU target, the function's
+    bytecode and closure, and a hash of its source file), in the folders of
+    :func:`_compiled_folders`: the seeds first, then the writable one.  It
+    holds a hash of its contents and the key itself, both checked when it is
+    read: an entry cut short, garbled, or another's is compiled again (after a
+    warning), never loaded.  Saves go through a temporary file of a unique
+    name renamed over the entry, so concurrent writers each leave a whole one.
+
+    A load does not refresh Numba's registries: on the first load of a process
+    that imports and installs every typing and lowering registry, though loaded
     machine code needs none of them, only the runtime's symbols, which
     ``rtsys.initialize`` provides.  A miss is followed by a compile, whose
     pipeline refreshes the context itself.
     """
 
+    def __init__(self, py_func):  # Numba's resolves folders and stamps now; ours when used
+        self._name = repr(py_func)
+        self._py_func = py_func
+        self._impl = _KernelCacheImpl(py_func)
+        self._enabled = True
+        self._flushed = False  # after flush(), entries on disk are not loaded
+
+    @property
+    def cache_path(self):
+        return _compiled_folders()[1]
+
+    def flush(self):
+        self._flushed = True
+
+    def _entry_key(self, sig, codegen):
+        """(the key the entry holds, its file name)."""
+        key = (self._index_key(sig, codegen), self._impl.locator.get_source_stamp())
+        digest = _hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+        return key, f"{self._impl.filename_base}.{digest}.nbc"
+
     def load_overload(self, sig, target_context):
         from numba.core.runtime import rtsys
         rtsys.initialize(target_context)
-        try:
-            with self._guard_against_spurious_io_errors():
-                loaded = self._load_overload(sig, target_context)
-        except Exception as error:  # noqa: BLE001 - any unreadable entry: compile instead
-            self._drop_unreadable(error)
-            loaded = None
+        loaded = None
+        if self._enabled and not self._flushed:
+            seeds, writable = _compiled_folders()
+            key, name = self._entry_key(sig, target_context.codegen())
+            for folder in [*seeds, writable]:
+                if folder is not None:
+                    loaded = self._load_entry(_os.path.join(folder, name), key, target_context,
+                                              writable=folder == writable)
+                    if loaded is not None:
+                        break
         if loaded is None:  # a compile follows: load array math as it should be loaded
             _load_numba_array_math_without_scipy()
         return loaded
 
-    def _drop_unreadable(self, error):
-        """Delete this function's cache index that could not be read (a file cut
-        short or garbled), after a warning, so that the compile that follows
-        saves a new one; Numba would raise on it in every process."""
-        index = getattr(self._cache_file, "_index_path", None)
+    def _load_entry(self, path, key, target_context, writable):
+        """The compile result in the entry at ``path``, or None where there is none
+        or it is not whole and ours (then, after a warning, deleted where
+        ``writable``, so that the compile that follows saves it anew)."""
+        import pickle
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as error:
+            return self._unreadable(path, f"{type(error).__name__}: {error}", writable)
+        body = data[len(_ENTRY_MAGIC) + 32:]
+        if not data.startswith(_ENTRY_MAGIC) or \
+                data[len(_ENTRY_MAGIC):len(_ENTRY_MAGIC) + 32] != _hashlib.sha256(body).digest():
+            return self._unreadable(path, "its contents do not match their hash", writable)
+        try:
+            stored_key, payload = pickle.loads(body)
+            if stored_key != key:
+                return self._unreadable(path, "it holds another function's code", writable)
+            return self._impl.rebuild(target_context, payload)
+        except Exception as error:  # noqa: BLE001 - any entry that cannot be rebuilt: compile instead
+            return self._unreadable(path, f"{type(error).__name__}: {error}", writable)
+
+    def _unreadable(self, path, reason, writable):
         name = getattr(self._py_func, "__qualname__", self._name)
-        _warnings.warn(f"jit_kernels: an unreadable cache entry of {name} in "
-                       f"{self.cache_path} ({type(error).__name__}: {error}); compiling it again",
-                       stacklevel=3)
-        if index is not None:
+        _warnings.warn(f"jit_kernels: an unreadable cache entry of {name}, {path} ({reason}); "
+                       "compiling it again", stacklevel=4)
+        if writable:
             with _contextlib.suppress(OSError):
-                _os.remove(index)
+                _os.remove(path)
 
     def save_overload(self, sig, data):
-        """Numba's save, except that compiled code the cache folder cannot take
-        (a full disk) is used unsaved, after a warning (once per folder), where
+        """Save compiled code to the writable folder; where it cannot take it (a
+        full disk), it is used unsaved, after a warning (once per folder), where
         Numba fails the call that compiled it."""
+        if not self._enabled or not self._impl.check_cachable(data):
+            return
+        folder = _compiled_folders()[1]
+        if folder is None:
+            return
+        from numba.core.serialize import dumps
+        key, name = self._entry_key(sig, data.codegen)
+        body = dumps((key, self._impl.reduce(data)))
         try:
-            super().save_overload(sig, data)
+            write_atomically(_os.path.join(folder, name),
+                             _ENTRY_MAGIC + _hashlib.sha256(body).digest() + body)
         except OSError as error:
-            if self.cache_path not in _unsaved_folders:
-                _unsaved_folders.add(self.cache_path)
-                _warnings.warn(f"jit_kernels: cannot save compiled code to {self.cache_path} "
+            if folder not in _unsaved_folders:
+                _unsaved_folders.add(folder)
+                _warnings.warn(f"jit_kernels: cannot save compiled code to {folder} "
                                f"({error}); compiling again in each process", stacklevel=2)
 
 
@@ -110,7 +556,7 @@ _unsaved_folders = set()  # the cache folders already warned of
 
 
 def has_source_file(function):
-    """Whether ``function`` was defined in a file, which Numba's disk cache needs
+    """Whether ``function`` was defined in a file, which the disk cache needs
     (a numbackend kernel whose module could not be written is run from memory)."""
     return _os.path.isfile(function.__code__.co_filename)
 
@@ -123,12 +569,15 @@ def package_stamp():
     """A hash of every source file of this package and of the tuning entries
     compiled into kernels (see tuning.compiled_values), memoised.  tuning.py
     itself is left out: its other entries are read at run time, and changing
-    one must not recompile every kernel."""
+    one must not recompile every kernel.  Part of :func:`target_key`: Numba
+    compares only a function's own file, but kernels inline jit functions of
+    other files of the package (conv.py packed.py's micro-kernels, pool.py and
+    resize.py conv.py's helpers): one compiled against an older copy of those
+    was loaded as it was, and corrupted the heap."""
     global _package_stamp
     if _package_stamp is None:
-        import hashlib
         folder = _os.path.dirname(_os.path.abspath(__file__))
-        digest = hashlib.sha256()
+        digest = _hashlib.sha256()
         for name in sorted(_os.listdir(folder)):
             if name.endswith(".py") and name != "tuning.py":
                 with open(_os.path.join(folder, name), "rb") as f:
@@ -142,34 +591,28 @@ def package_stamp():
 _package_stamp = None
 
 
-def stamp_with_package(cache):
-    """Make a Numba disk cache take its entries as fresh only where they were saved
-    with this package's sources as they are now.  Numba compares only the
-    stamp of the function's own file, but kernels inline jit functions of
-    other files of the package (conv.py packed.py's micro-kernels, pool.py and
-    resize.py conv.py's helpers): one compiled against an older copy of those
-    was loaded as it was, and corrupted the heap."""
-    cache_file = getattr(cache, "_cache_file", None)
-    if cache_file is not None and hasattr(cache_file, "_source_stamp"):
-        cache_file._source_stamp = (cache_file._source_stamp, package_stamp())
+def install_cache(dispatcher, function):
+    """Give ``dispatcher`` (a Numba dispatcher or C callback of ``function``) the
+    disk cache of :class:`KernelCache`, where ``function`` has a source file."""
+    if has_source_file(function):
+        dispatcher._cache = KernelCache(function)
 
 
 def njit_cached(**options):
-    """``numba.njit(cache=True, **options)``, loading from the cache as cheaply as it can.
+    """``numba.njit(**options)`` with our disk cache (:class:`KernelCache`),
+    loaded as cheaply as it can be.
 
-    Every cached kernel of jit_kernels and numbackend is declared with this, so
-    no cache load of theirs refreshes Numba's registries (see
-    :class:`LoadWithoutRegistries`); Numba functions of other code are untouched.
-    A function without a source file compiles uncached.
+    Every cached kernel of jit_kernels and numbackend is declared with this;
+    Numba functions of other code are untouched.  A function without a source
+    file compiles uncached.  Numba's own ``cache=True`` is not used: it looks
+    for a folder when the function is declared and fails the import where
+    none can be written (a read-only install without a writable home).
     """
     def decorate(function):
-        if not has_source_file(function):
-            return _numba.njit(**options)(function)
-        dispatcher = _numba.njit(cache=True, **options)(function)
-        # another Numba layout, or NUMBA_DISABLE_JIT's plain function: as it comes
-        if type(getattr(dispatcher, "_cache", None)) is _FunctionCache:
-            dispatcher._cache.__class__ = LoadWithoutRegistries
-            stamp_with_package(dispatcher._cache)
+        dispatcher = _numba.njit(**options)(function)
+        # NUMBA_DISABLE_JIT's plain function: as it comes
+        if hasattr(dispatcher, "_cache"):
+            install_cache(dispatcher, function)
             # Nor does a load need third-party Numba extensions, which Numba looks
             # up among all installed packages' entry points before a first call;
             # the registry refresh of a compile still loads them.

@@ -20,7 +20,6 @@ scan's loop chooses between the two by the rows alone
 The micro-kernel is LLVM vector code written with llvmlite
 (:func:`_tile_kernel`): Numba's own loops keep such a tile's sums in memory.
 """
-import llvmlite.binding as llvm
 import numpy as np
 from llvmlite import ir
 from numba import types
@@ -28,20 +27,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import blas, parts, tuning
-from .compiling import njit_cached
+from .compiling import njit_cached, target_vector_bytes
 
-
-def _vector_bytes():
-    """The width of the host's vector registers in bytes: 64 with AVX-512, else
-    32 (AVX; narrower machines split each vector in two)."""
-    try:
-        return 64 if llvm.get_host_cpu_features().get("avx512f") else 32
-    except RuntimeError:  # a host LLVM cannot describe
-        return 32
-
-
-# compiled into the kernels: set by the environment alone (see jit_kernels.tuning)
-VECTOR_BYTES = tuning.PACKED_VECTOR_BYTES or _vector_bytes()
+# compiled into the kernels: set by the environment alone (see jit_kernels.tuning);
+# the CPU target's width (not the host's), which is part of the cache's key
+VECTOR_BYTES = tuning.PACKED_VECTOR_BYTES or target_vector_bytes()
 # A panel is two vectors wide, and a tile has up to six rows: 12 vector sums,
 # two vectors of the panel and a broadcast value fit AVX2's 16 registers.  Not
 # a tuning entry: the six tile kernels below are written for it.

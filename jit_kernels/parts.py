@@ -16,12 +16,11 @@ import functools
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
-from numba.core.caching import FunctionCache
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
 from . import blas, tuning
-from .compiling import LoadWithoutRegistries, has_source_file, njit_cached, stamp_with_package
+from .compiling import install_cache, njit_cached
 from .fork import fork_gate
 
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
@@ -77,11 +76,7 @@ def compiled_part(function):
     def compile_once():
         callback = CFunc(function, (_PART_SIGNATURE.args, _PART_SIGNATURE.return_type), {},
                          {'nogil': True})
-        if has_source_file(function):
-            callback.enable_caching()
-        if type(callback._cache) is FunctionCache:
-            callback._cache.__class__ = LoadWithoutRegistries
-            stamp_with_package(callback._cache)
+        install_cache(callback, function)
         callback.compile()
         return callback.address, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(callback.address)
     return compile_once

@@ -20,19 +20,16 @@ parallel one (the scan loop's cache, in the next process).
 
 Generated source is canonical: names come from positions (x0, t3, r1...),
 never from a tensor's name, so the same structure gives the same text, whose
-hash keys the kernel in memory and on disk.  Numba caches the compiled code
-beside the source file, so a second process loads instead of compiling.  A
-file in the cache is used only when its bytes are the source's, and the
-module always runs from the source in hand (see :func:`load_kernel`).
+hash keys the kernel in memory and on disk.  The compiled code is cached too
+(jit_kernels.compiling.KernelCache, keyed by the file's bytes), so a second
+process loads instead of compiling.  A file in the cache or a seed is used
+only when its bytes are the source's, and the module always runs from the
+source in hand (see :func:`load_kernel`).
 """
-import atexit
 import collections
 import contextlib
-import glob
 import hashlib
 import os
-import shutil
-import stat
 import sys
 import tempfile
 import threading
@@ -58,88 +55,25 @@ stats = {"generated": 0, "loaded": 0}
 
 
 def cache_dir():
-    """The kernel cache folder: NUMBACKEND_CACHE_DIR, else the user cache folder,
-    else ``<tmp>/numbackend-<uid>``, else a fresh folder of this process.
-
-    Each is a base holding one folder per code generator and jit_kernels
-    version.  A folder is used only where this process can write and no one
-    else can (see :func:`_unusable`): Numba loads the pickles it finds there.
-    A configured folder that cannot be used, and a temporary one made by
-    someone else, are named in a warning, once.  Raises OSError when no folder
-    can be made at all."""
-    configured = os.environ.get("NUMBACKEND_CACHE_DIR")
-    if configured:
-        base = configured
-    else:
-        home = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        base = os.path.join(home, "numbackend")
-    name = f"kernels-v{CODEGEN_VERSION}-{_dependency_stamp()}"
-    # a configured folder or ~/.cache/numbackend may be a link the user made;
-    # the fixed name in the world-writable temporary folder may not
-    reason = _unusable(base, name, follow_link=True)
-    if reason is None:
-        return os.path.join(base, name)
-    if configured:
-        _warn_once(configured, f"numbackend: the kernel cache folder {configured} cannot be used "
-                               f"({reason}); using a temporary folder")
-    temporary = os.path.join(tempfile.gettempdir(), f"numbackend-{os.getuid()}")
-    reason = _unusable(temporary, name, follow_link=False)
-    if reason is None:
-        return os.path.join(temporary, name)
-    _warn_once(temporary, f"numbackend: the kernel cache folder {temporary} cannot be used "
-                          f"({reason}); using a new folder of this process")
-    global _private_base
-    if _private_base is None or _unusable(_private_base, name, follow_link=False) is not None:
-        _private_base = tempfile.mkdtemp(prefix="numbackend-")  # mode 0700
-        atexit.register(shutil.rmtree, _private_base, ignore_errors=True)
-        reason = _unusable(_private_base, name, follow_link=False)
-        if reason is not None:
-            raise OSError(f"numbackend: no usable kernel cache folder ({reason}); "
-                          "set NUMBACKEND_CACHE_DIR")
-    return os.path.join(_private_base, name)
+    """The folder generated kernel modules are saved in: ``kernels-v<version>-<stamp>``
+    under the writable cache root (NUMBACKEND_CACHE_DIR, else the user cache
+    folder, else ``<tmp>/numbackend-<uid>``, else a fresh folder of this
+    process; see jit_kernels.compiling.usable_folder, which checks that no one
+    else can write there).  Raises OSError when no folder can be made at all."""
+    from jit_kernels.compiling import usable_folder
+    return usable_folder(_kernels_folder_name())
 
 
-_private_base = None  # the fresh folder of this process, once made
+def seed_dirs():
+    """The read-only folders searched for a kernel module before :func:`cache_dir`
+    (the seeds' ``kernels-v<version>-<stamp>``, see
+    jit_kernels.compiling.seed_folders)."""
+    from jit_kernels.compiling import seed_folders
+    return seed_folders(_kernels_folder_name())
 
 
-def _unusable(base, name, follow_link):
-    """Why ``base/name`` cannot hold kernels, after making the folders that are
-    missing (mode 0700); None when it can.
-
-    Whoever can write to the folder, its ``__pycache__`` (where Numba keeps
-    pickles, loaded as they are) or ``base`` (where they can rename the folder
-    and put their own in its place) can run code in this process: each must be
-    a folder owned by this user that group and others cannot write to, and
-    ``base`` a link only if ``follow_link``.  The folder must take a file."""
-    folder = os.path.join(base, name)
-    pycache = os.path.join(folder, "__pycache__")
-    try:
-        for path in (base, folder, pycache):
-            if not os.path.lexists(path):
-                os.makedirs(path, mode=0o700, exist_ok=True)
-            status = os.stat(path, follow_symlinks=follow_link and path == base)
-            if stat.S_ISLNK(status.st_mode):
-                return f"{path} is a symbolic link"
-            if not stat.S_ISDIR(status.st_mode):
-                return f"{path} is not a folder"
-            if status.st_uid != os.getuid():
-                return f"{path} is owned by user {status.st_uid}"
-            if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-                return f"others can write to {path}"
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as error:
-        return str(error)
-    return None
-
-
-_warned = set()  # the folders warned of
-
-
-def _warn_once(folder, message):
-    """warnings.warn(message), where nothing was said yet of ``folder``."""
-    if folder not in _warned:
-        _warned.add(folder)
-        warnings.warn(message, stacklevel=3)
+def _kernels_folder_name():
+    return f"kernels-v{CODEGEN_VERSION}-{_dependency_stamp()}"
 
 
 def _dependency_stamp():
@@ -565,17 +499,24 @@ def load_kernel(source):
 
 
 def _cached_file(key, source):
-    """The path of ``k_<key>.py`` in the cache folder, holding exactly ``source``:
-    the file found there, where its bytes are ``source``'s (the key is a hash of
-    ``source``: a file of other bytes is corrupt, or someone else's), else
-    written anew, with the Numba cache files of what was there deleted.  None
-    (after a warning, once per folder) where the file cannot be written, as on a
-    full disk: the cache is only a saving."""
+    """The path of a file ``k_<key>.py`` holding exactly ``source``: the first
+    found in a seed (see :func:`seed_dirs`) or in the cache folder whose bytes
+    are ``source``'s (the key is a hash of ``source``: a file of other bytes is
+    corrupt, or someone else's), else written anew in the cache folder.  None
+    (after a warning, once per folder) where the file cannot be written, as on
+    a full disk: the cache is only a saving.  Numba's compiled code is keyed by
+    a hash of the file's bytes (jit_kernels.compiling.KernelCache): none compiled
+    from what a rewritten file held before is loaded for it."""
     data = source.encode()
+    for folder in seed_dirs():
+        path = os.path.join(folder, f"k_{key}.py")
+        if _holds(path, data):
+            return path
     try:
         folder = cache_dir()
     except OSError as error:
-        _warn_once(None, f"{error}; computing without a kernel cache")
+        from jit_kernels.compiling import warn_once  # one warning for kernels and compiled code
+        warn_once(None, f"{error}; compiling without a cache")
         return None
     path = os.path.join(folder, f"k_{key}.py")
     if _holds(path, data):
@@ -586,14 +527,18 @@ def _cached_file(key, source):
         _warn_once(folder, f"numbackend: cannot write to the kernel cache folder {folder} "
                            f"({error}); computing without the cache")
         return None
-    # Numba matches its cached code to a source file by a stamp of the file (its
-    # modification time and size before Numba 0.68): none of the code compiled
-    # from what the file held before may be matched with what it holds now
-    for numba_file in glob.glob(os.path.join(folder, "__pycache__", f"k_{key}.*")):
-        with contextlib.suppress(OSError):
-            os.remove(numba_file)
     stats["generated"] += 1
     return path
+
+
+_warned = set()  # the folders warned of
+
+
+def _warn_once(folder, message):
+    """warnings.warn(message), where nothing was said yet of ``folder``."""
+    if folder not in _warned:
+        _warned.add(folder)
+        warnings.warn(message, stacklevel=3)
 
 
 def _holds(path, data):
@@ -609,9 +554,11 @@ def _write_atomically(path, data):
     """Write the bytes ``data`` to ``path`` through a new temporary file in its folder,
     renamed over it: a concurrent reader sees the whole file or none, concurrent
     writers each have their own temporary file, and a failure leaves none."""
+    from jit_kernels.compiling import entry_mode
     descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path),
                                              prefix=f"{os.path.basename(path)}.", suffix=".tmp")
     try:
+        os.fchmod(descriptor, entry_mode())
         with open(descriptor, "wb") as f:
             f.write(data)
         os.replace(temporary, path)

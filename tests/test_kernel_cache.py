@@ -2,7 +2,6 @@
 concurrent writers, the choice of a folder no one else can write, and a disk
 that cannot take more (the cache is skipped, the call computes)."""
 import errno
-import gc
 import os
 import pathlib
 import re
@@ -94,32 +93,39 @@ def unique_kernel_source():
     """)
 
 
-def test_rewriting_a_kernel_module_deletes_its_numba_cache_files(tmp_path, monkeypatch):
-    # Numba matches its cached code to a source file by the file's stamp, which
-    # before Numba 0.68 was its modification time and size: the compiled code of
-    # a corrupt module must not outlive it
-    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
-    source = unique_kernel_source()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        folder = codegen.cache_dir()
-    pycache = os.path.join(folder, "__pycache__")
-    os.makedirs(pycache, exist_ok=True)
-    key = codegen.load_kernel(source).KEY
-    module_path = os.path.join(folder, f"k_{key}.py")
-    with open(module_path, "w") as f:
-        f.write(source.replace("np.tanh", "np.exp"))
-    stale = [f"k_{key}.tanh_plus_one-7.py311.nbi", f"k_{key}.tanh_plus_one-7.py311.1.nbc"]
-    other = "k_0123456789abcdef01234567.tanh_plus_one-7.py311.nbi"
-    for name in stale + [other]:
-        open(os.path.join(pycache, name), "wb").close()
-    codegen.forget_kernels()  # as in a new process
-    gc.collect()
-    module = codegen.load_kernel(source)
-    assert pathlib.Path(module_path).read_text() == source
-    assert sorted(os.listdir(pycache)) == [other]
-    x = np.linspace(-3, 3, 7)
-    np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
+LOAD_A_CACHED_KERNEL_OF = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, sys.argv[1])
+    import cached_kernel
+    print(cached_kernel.f(1.0))
+    stats = cached_kernel.f.stats
+    print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+""")
+
+
+def test_compiled_code_is_keyed_by_the_bytes_of_its_source_file(tmp_path):
+    # Before Numba 0.68 a source file's stamp was its modification time and size:
+    # a file rewritten with other bytes of the same size and time (a kernel
+    # module rewritten after it was found corrupt) ran the old file's code
+    source = tmp_path / "cached_kernel.py"
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path / "cache"))
+
+    def write(body):
+        source.write_text("from jit_kernels import njit_cached\n\n\n"
+                          f"@njit_cached()\ndef f(x):\n    return {body}\n")
+        os.utime(source, ns=(10**18, 10**18))
+
+    def run():
+        out = subprocess.run([sys.executable, "-c", LOAD_A_CACHED_KERNEL_OF, str(tmp_path)],
+                             env=env, capture_output=True, text=True, check=False)
+        assert out.returncode == 0, out.stderr
+        return out.stdout.split()
+
+    write("x + 1.0")
+    assert run() == ["2.0", "0", "1"]
+    assert run() == ["2.0", "1", "0"]
+    write("x + 2.0")  # the same size and time
+    assert run() == ["3.0", "0", "1"]
 
 
 class _FileWaitingOnOthers:
@@ -173,6 +179,38 @@ def test_threads_writing_one_new_kernel_module_at_once(tmp_path, monkeypatch):
         np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
 
 
+def test_threads_saving_one_compiled_code_entry_at_once(tmp_path, monkeypatch):
+    # each writer has a temporary file of its own, renamed over the entry: a name
+    # shared by the threads of a process (path.<pid>.tmp) was renamed away by the
+    # first, and the others failed (FileNotFoundError)
+    from jit_kernels import compiling
+    threads = 4
+    barrier = threading.Barrier(threads)
+
+    def open_waiting_on_others(file, mode="r", *args, **kwargs):
+        opened = open(file, mode, *args, **kwargs)  # noqa: SIM115 - closed by the caller
+        return opened if "r" in mode else _FileWaitingOnOthers(opened, barrier)
+
+    monkeypatch.setattr(compiling, "open", open_waiting_on_others, raising=False)
+    entry = tmp_path / "entry.nbc"
+    errors = []
+
+    def save(i):
+        try:
+            compiling.write_atomically(str(entry), f"entry of thread {i}".encode() * 1000)
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    workers = [threading.Thread(target=save, args=(i,)) for i in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert errors == []
+    assert os.listdir(tmp_path) == ["entry.nbc"]
+    assert entry.read_bytes() in [f"entry of thread {i}".encode() * 1000 for i in range(threads)]
+
+
 # --- the choice of the folder ---------------------------------------------------
 
 
@@ -203,7 +241,7 @@ def test_an_unwritable_configured_folder_is_named_in_one_warning(temporary_folde
     assert len(caught) == 1 and re.search(f"{re.escape(configured)} cannot be used", str(caught[0].message))
     fallback = temporary_folder / f"numbackend-{os.getuid()}"
     assert first.startswith(str(fallback) + os.sep) and owned_by_us_alone(fallback)
-    assert owned_by_us_alone(first) and owned_by_us_alone(os.path.join(first, "__pycache__"))
+    assert owned_by_us_alone(first)
 
 
 def _owned_by_another_user(folder):
@@ -239,22 +277,25 @@ def test_a_fallback_folder_made_by_another_user_is_not_used(temporary_folder, pl
     assert os.path.basename(folder) == os.path.basename(planted_cache)
 
 
-@pytest.mark.parametrize("shared", ["folder", "__pycache__"])
+@pytest.mark.parametrize("shared", ["folder", "compiled-code"])
 def test_a_configured_folder_others_can_write_is_not_used(tmp_path, monkeypatch, shared):
-    # Numba loads pickles from the folder's __pycache__: whoever can write there
+    # Numba loads pickles from the compiled-code folder: whoever can write there
     # runs code in this process
+    from jit_kernels import compiling
     monkeypatch.setattr(codegen.tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path / "cache"))
+
+    def folder():
+        if shared == "folder":
+            return codegen.cache_dir()
+        return compiling.usable_folder("numba", compiling.target_key())
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        folder = codegen.cache_dir()
-    if shared == "__pycache__":
-        folder = os.path.join(folder, "__pycache__")
-        os.makedirs(folder, exist_ok=True)
-    os.chmod(folder, 0o777)
+        os.chmod(folder(), 0o777)
     with pytest.warns(UserWarning, match=f"{re.escape(str(tmp_path / 'cache'))} cannot be used"):
-        assert not codegen.cache_dir().startswith(str(tmp_path / "cache"))
+        assert not folder().startswith(str(tmp_path / "cache"))
 
 
 # --- a full disk ----------------------------------------------------------------
@@ -278,21 +319,20 @@ def test_a_kernel_module_that_cannot_be_written_is_run_from_memory(tmp_path, mon
         module = codegen.load_kernel(source)
         assert codegen.load_kernel(unique_kernel_source()) is not module
     assert len(caught) == 1 and "No space left on device" in str(caught[0].message)
-    folder = codegen.cache_dir()
-    assert os.listdir(folder) == ["__pycache__"] and os.listdir(os.path.join(folder, "__pycache__")) == []
+    assert os.listdir(codegen.cache_dir()) == []
     x = np.linspace(-3, 3, 7)
     np.testing.assert_allclose(module.tanh_plus_one(x), np.tanh(x) + 1)
 
 
 def test_compiled_code_that_cannot_be_saved_is_used_unsaved(tmp_path, monkeypatch):
     # Numba saves compiled code inside the call that compiles it
-    from numba.core import caching
+    from jit_kernels import compiling
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
 
-    def save_on_a_full_disk(self, key, data):
+    def save_on_a_full_disk(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(caching.IndexDataCacheFile, "save", save_on_a_full_disk)
+    monkeypatch.setattr(compiling, "write_atomically", save_on_a_full_disk)
     module = codegen.load_kernel(unique_kernel_source())
     x = np.linspace(-3, 3, 7)
     with pytest.warns(UserWarning, match="No space left on device"):
@@ -308,7 +348,7 @@ FULL_DISK = textwrap.dedent("""
     import errno, os, sys, warnings
     import numpy as np
     import numbackend as K
-    from numba.core import caching
+    from jit_kernels import compiling
     from numbackend import codegen
 
     def open_on_a_full_disk(file, mode="r", *args, **kwargs):
@@ -318,10 +358,10 @@ FULL_DISK = textwrap.dedent("""
         opened.close()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def open_for_write_on_a_full_disk(self, path):
+    def write_on_a_full_disk(path, data):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    caching.IndexDataCacheFile._open_for_write = open_for_write_on_a_full_disk
+    compiling.write_atomically = write_on_a_full_disk
     if sys.argv[1] == "all":
         codegen.open = open_on_a_full_disk
     x = np.linspace(-2, 2, 12).reshape(3, 4)
@@ -352,25 +392,43 @@ def test_a_full_disk_leaves_calls_computing_and_no_temporary_files(tmp_path, ful
     assert len(left) >= 1 if full == "numba" else left == []
 
 
-@pytest.mark.parametrize("garble", ["index", "data"])
-def test_an_unreadable_numba_cache_entry_is_compiled_again(tmp_path, garble):
-    # a cut-short or garbled index (.nbi) or compiled-code file (.nbc) of Numba's
-    # made every later process fail to unpickle it
-    [(ok, path)] = build_tanh_chains(tmp_path, 3)
-    assert ok
-    pycache = os.path.join(os.path.dirname(path), "__pycache__")
-    suffix = ".nbi" if garble == "index" else ".nbc"
-    garbled = [name for name in os.listdir(pycache) if name.endswith(suffix)]
-    assert garbled
-    for name in garbled:
-        with open(os.path.join(pycache, name), "wb") as f:
-            f.write(b"\x80\x04garbled")
-    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+def compiled_entries(cache, module_name):
+    """The files of compiled code of the kernel module ``module_name`` (k_<key>.py)
+    in the cache root ``cache``."""
+    prefix = f"numbackend_kernels.{module_name[:-len('.py')]}."
+    return sorted(path for path in pathlib.Path(cache, "numba").glob("*/*.nbc")
+                  if path.name.startswith(prefix))
+
+
+def flip_a_byte_in_the_middle(data, _):
+    return data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 0x40]) + data[len(data) // 2 + 1:]
+
+
+@pytest.mark.parametrize("corrupt", [
+    lambda data, _: data[:len(data) // 2],      # truncated
+    lambda data, _: b"",                        # emptied
+    lambda data, _: b"\x80\x04garbled",         # garbled
+    flip_a_byte_in_the_middle,                  # one bit of the machine code
+    lambda _, other: other,                     # another kernel's entry in its place
+], ids=["truncated", "emptied", "garbled", "bit-flipped", "foreign"])
+def test_a_corrupt_compiled_code_entry_is_compiled_again(tanh_chain_cache, tmp_path, corrupt):
+    # a cut-short or garbled file of compiled code made every later process fail
+    # to unpickle it; a valid pickle of corrupt or other code would have run
+    original, modules = tanh_chain_cache
+    cache = tmp_path / "cache"
+    shutil.copytree(original, cache)
+    entries = compiled_entries(cache, os.path.basename(modules[0][0]))
+    [other] = compiled_entries(cache, os.path.basename(modules[1][0]))[:1]
+    assert entries
+    for entry in entries:
+        entry.write_bytes(corrupt(entry.read_bytes(), other.read_bytes()))
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(cache))
     for expect_warning in (True, False):  # the entry saved anew loads in the next process
-        out = subprocess.run([sys.executable, "-c", BUILD_TANH_CHAINS, "3"], env=env,
+        # the other kernel's module first: its code could then be loaded as it is
+        out = subprocess.run([sys.executable, "-c", BUILD_TANH_CHAINS, "2", "1"], env=env,
                              capture_output=True, text=True, check=False)
         assert out.returncode == 0, out.stderr
-        assert out.stdout.split()[0] == "True"
+        assert out.stdout.split()[::2] == ["True", "True"]
         assert ("unreadable cache entry" in out.stderr) == expect_warning, out.stderr
 
 
@@ -394,7 +452,7 @@ def test_a_jit_kernel_is_compiled_again_when_another_file_of_the_package_changes
     source = tmp_path / "cached_kernel.py"
     source.write_text("from jit_kernels import njit_cached\n\n\n"
                       "@njit_cached()\ndef twice(x):\n    return 2 * x\n")
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path / "cache"))
 
     def hits_and_misses(stamp):
         out = subprocess.run([sys.executable, "-c", LOAD_A_CACHED_KERNEL, str(tmp_path), stamp],
@@ -420,5 +478,3 @@ def test_the_package_stamp_covers_every_source_file_of_jit_kernels():
     from jit_kernels import tuning
     digest.update(repr(tuning.compiled_values()).encode())
     assert jit_kernels.package_stamp() == digest.hexdigest()[:16]
-    from jit_kernels import conv
-    assert conv.direct_forward._cache._cache_file._source_stamp[1] == jit_kernels.package_stamp()

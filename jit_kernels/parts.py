@@ -83,7 +83,9 @@ def compiled_part(function):
             callback._cache.__class__ = LoadWithoutRegistries
             stamp_with_package(callback._cache)
         callback.compile()
+        compile_once.callback = callback
         return callback.address, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(callback.address)
+    compile_once.part_function = function  # for jit_kernels.manifest
     return compile_once
 
 

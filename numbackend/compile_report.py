@@ -9,7 +9,7 @@
   (W1-W7, the Keras models) in a fresh process with an empty kernel cache, and
   how much of it compiled library kernels.
 - ``--record``: runs those workloads and writes the library signatures they
-  compiled or loaded as the manifest.
+  compiled or loaded as the manifest (``--add``: adds them to it).
 - ``python -m numbackend warmup`` (or :func:`warmup`): compiles every manifest
   signature into the disk cache, so that a model's first call compiles only
   its own kernels.
@@ -161,16 +161,19 @@ def run_workloads(names, environment, jobs=1, print_progress=print):
         return list(pool.map(one, names))
 
 
-def record(names=None, jobs=1, print_progress=print):
+def record(names=None, jobs=1, add=False, print_progress=print):
     """Run the workloads (all, or ``names``), each in a fresh process, and write
-    the library signatures they compiled or loaded as the manifest; returns
-    the entries written."""
+    the library signatures they compiled or loaded as the manifest (``add``:
+    added to the manifest's entries); returns the entries written."""
     from jit_kernels import manifest
     results = run_workloads(names or workload_names(), dict(os.environ), jobs, print_progress)
     failed = [result["workload"] for result in results if "failed" in result]
     if failed:
         raise RuntimeError(f"record: workloads {failed} failed; the manifest is left as it was")
-    entries = sorted({tuple(s) for result in results for s in result["signatures"]})
+    entries = {tuple(s) for result in results for s in result["signatures"]}
+    if add:
+        entries |= set(manifest.read_manifest())
+    entries = sorted(entries)
     manifest.write_manifest(entries)
     if print_progress is not None:
         print_progress(f"wrote {len(entries)} signatures of {len({e[0] for e in entries})} "
@@ -184,8 +187,9 @@ _USAGE = """usage:
   python -m numbackend compile-report --models [--jobs N] [--cold-library] [WORKLOAD ...]
       time each workload in a fresh process with an empty kernel cache (--cold-library:
       with an empty Numba cache too, so that library kernels compile as well)
-  python -m numbackend compile-report --record [--jobs N] [WORKLOAD ...]
+  python -m numbackend compile-report --record [--add] [--jobs N] [WORKLOAD ...]
       run the workloads and write the library signatures they use as the manifest
+      (--add: add them to the manifest's)
   python -m numbackend warmup [--jobs N]
       compile every manifest signature into the disk cache"""
 
@@ -215,7 +219,7 @@ def main(command, argv):
         print(f"{error}\n{_USAGE}", file=sys.stderr)
         return 2
     known = {"warmup": set(), "compile-report": {"--models", "--record", "--cold-library",
-                                                 "--kernel", "--run-workload"}}[command]
+                                                 "--kernel", "--run-workload", "--add"}}[command]
     if flags - known:
         print(f"unknown options {sorted(flags - known)}\n{_USAGE}", file=sys.stderr)
         return 2
@@ -231,7 +235,7 @@ def main(command, argv):
         return 0
     if "--record" in flags:
         try:
-            record(words or None, jobs or 1)
+            record(words or None, jobs or 1, add="--add" in flags)
         except RuntimeError as error:
             print(error, file=sys.stderr)
             return 1

@@ -123,6 +123,34 @@ def conv_paths():
                     fn([data])
 
 
+def other_ops():
+    """Resizing, depthwise convolution, sparse products and row reductions, forward
+    and backward, in float32 and float64."""
+    import numbackend as K
+    r = rng()
+    for dtype in ("float32", "float64"):
+        data = r.standard_normal((2, 8, 8, 4)).astype(dtype)
+        x = K.placeholder((None, 8, 8, 4), dtype=dtype)
+        depthwise = K.variable(r.standard_normal((3, 3, 4, 1)), dtype=dtype)
+        outputs = [K.resize_images(x, 2, 2, "channels_last", interpolation=mode)
+                   for mode in ("nearest", "bilinear")]
+        outputs.append(K.depthwise_conv2d(x, depthwise, padding="same"))
+        flat = K.reshape(x, (-1, 8 * 8 * 4))
+        outputs += [op(flat, axis=-1) for op in (K.sum, K.prod, K.max, K.min, K.mean)]
+        outputs += [K.any(flat > 0, axis=-1), K.all(flat > 0, axis=-1)]
+        grads = K.gradients(sum(K.sum(y) for y in outputs[:-2]), [x, depthwise])
+        fn = K.function([x], outputs + grads)
+        _calls(fn, [data[:1]])
+        fn([data])
+        sparse = K.placeholder((None, 6), dtype=dtype, sparse=True)
+        dense = K.variable(r.standard_normal((6, 3)), dtype=dtype)
+        product = K.dot(sparse, dense)
+        fn = K.function([sparse], [product, K.gradients(K.sum(product), [dense])[0]])
+        from numbackend import SparseTensorValue
+        value = SparseTensorValue(np.array([[0, 1], [1, 4]]), np.array([1.5, -2.0], dtype), (2, 6))
+        fn([value])
+
+
 def _keras_model(name):
     """A Keras example model of keras_models.py: its first calls, then predictions
     at batch 1 past ONE_CALL_AFTER."""
@@ -158,7 +186,7 @@ def _keras_workloads():
 
 
 WORKLOADS = {"w1": w1, "w2": w2, "w3": w3, "w4": w4, "w5": w5, "w6": w6, "w7": w7,
-             "conv_paths": conv_paths, **_keras_workloads()}
+             "conv_paths": conv_paths, "other_ops": other_ops, **_keras_workloads()}
 
 
 def run(name):

@@ -263,8 +263,9 @@ def write_manifest(entries, path=MANIFEST_PATH):
 def compile_entries(entries, report=None):
     """Compile (or load from the cache) each (kernel name, signature text) of
     ``entries`` in this process, and time each compile.  Returns one dict a
-    compile: kernel, signature, ``self_s`` (seconds, less the compiles nested
-    in it) and ``inclusive_s``, ``entry`` (True for an entry of ``entries``,
+    compile of a kernel of this package: kernel, signature, ``self_s``
+    (seconds, less the compiles of this package's kernels nested in it; see
+    :class:`_CompileTimes`) and ``inclusive_s``, ``entry`` (True for an entry of ``entries``,
     False for a kernel or helper compiled inside one), ``loaded`` (an entry
     found in the cache) and ``error`` (text, for an entry that failed).  Each
     entry's dict is passed to ``report`` when it is done."""
@@ -321,29 +322,37 @@ def _compile(found, name, signature):
 
 class _CompileTimes(event.Listener):
     """A numba:compile listener appending {kernel, signature, self_s,
-    inclusive_s, depth} to ``compiles`` for each compile that ends."""
+    inclusive_s, depth} to ``compiles`` for each compile of a kernel of this
+    package that ends.  A compile of Numba's own functions (the overloads a
+    kernel's code instantiates: string formatting for an error message, a
+    builtin) counts in the self time of the kernel whose compile needed it."""
 
     def __init__(self):
         self.compiles = []
-        self.open = []  # [start time, seconds of the compiles nested in it]
+        self.open = []  # [start time, seconds of the kernel compiles nested in it, ours]
 
     def on_start(self, event):
-        self.open.append([time.perf_counter(), 0.0])
+        function = event.data["dispatcher"].py_func
+        ours = function.__module__.startswith(f"{__package__}.")
+        self.open.append([time.perf_counter(), 0.0, ours])
 
     def on_end(self, event):
-        start, nested = self.open.pop()
+        start, nested, ours = self.open.pop()
         inclusive = time.perf_counter() - start
-        if self.open:
-            self.open[-1][1] += inclusive
-        function = event.data["dispatcher"].py_func
-        name = (_kernel_name(function) if function.__module__.startswith(f"{__package__}.")
-                else f"{function.__module__}.{function.__qualname__}")
+        if not ours:
+            return
+        kernel_depth = sum(1 for frame in self.open if frame[2])
+        for frame in reversed(self.open):  # the kernel this one is nested in
+            if frame[2]:
+                frame[1] += inclusive
+                break
         try:
             signature = signature_text(event.data["args"])
-        except TypeError:  # a helper's type outside the manifest's grammar: shown as Numba does
+        except TypeError:  # a type outside the manifest's grammar: shown as Numba does
             signature = "(" + ", ".join(str(t) for t in event.data["args"]) + ")"
-        self.compiles.append({"kernel": name, "signature": signature, "self_s": inclusive - nested,
-                              "inclusive_s": inclusive, "depth": len(self.open)})
+        self.compiles.append({"kernel": _kernel_name(event.data["dispatcher"].py_func),
+                              "signature": signature, "self_s": inclusive - nested,
+                              "inclusive_s": inclusive, "depth": kernel_depth})
 
 
 # -- warm-up -------------------------------------------------------------------

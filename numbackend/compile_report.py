@@ -190,8 +190,8 @@ _USAGE = """usage:
   python -m numbackend compile-report --record [--add] [--jobs N] [WORKLOAD ...]
       run the workloads and write the library signatures they use as the manifest
       (--add: add them to the manifest's)
-  python -m numbackend warmup [--jobs N]
-      compile every manifest signature into the disk cache"""
+  python -m numbackend warmup [--jobs N] [--report]
+      compile every manifest signature into the disk cache (--report: then list each compile)"""
 
 
 def _options(argv):
@@ -218,17 +218,19 @@ def main(command, argv):
     except ValueError as error:
         print(f"{error}\n{_USAGE}", file=sys.stderr)
         return 2
-    known = {"warmup": set(), "compile-report": {"--models", "--record", "--cold-library",
+    known = {"warmup": {"--report"}, "compile-report": {"--models", "--record", "--cold-library",
                                                  "--kernel", "--run-workload", "--add"}}[command]
     if flags - known:
         print(f"unknown options {sorted(flags - known)}\n{_USAGE}", file=sys.stderr)
         return 2
     if command == "warmup":
         try:
-            warmup(jobs=jobs)
+            rows = warmup(jobs=jobs)
         except RuntimeError as error:
             print(error, file=sys.stderr)
             return 1
+        if "--report" in flags:
+            print(format_report(rows))
         return 0
     if "--run-workload" in flags:
         print(json.dumps(run_workload(words[0])))
@@ -248,7 +250,9 @@ def main(command, argv):
                 environment["NUMBA_CACHE_DIR"] = os.environ["NUMBA_CACHE_DIR"]
         run_workloads(words or workload_names(), environment, jobs or 1)
         return 0
+    start = time.perf_counter()
     rows = library_report(jobs or 1, words if "--kernel" in flags else None,
                           print_progress=print)
     print(format_report(rows))
+    print(f"{time.perf_counter() - start:.1f} s in {jobs or 1} processes")
     return 0 if not any(r["error"] for r in rows) else 1

@@ -21,19 +21,21 @@ import sys
 import tempfile
 import time
 
-from . import tuning
+from . import cpus, tuning
 
 _SOURCE_TREE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def warmup(jobs=None, kernels=None, print_progress=print):
     """Compile every signature of the library's manifest into the disk cache, in
-    ``jobs`` processes (default: the CPUs), so that a model's first call
+    ``jobs`` processes (default: the CPUs this process may use), so that a model's first call
     compiles only its own kernels; ``kernels``: only those kernel names.  A
     second warm-up only loads (seconds).  Returns one dict a compile (see
     jit_kernels.manifest.compile_entries); raises RuntimeError naming the
     signatures that failed to compile."""
     from jit_kernels import manifest
+    if jobs is None:
+        jobs = cpus.available_cpus()  # a container's CPU quota too
     return manifest.warmup(jobs=jobs, kernels=kernels, print_progress=print_progress)
 
 

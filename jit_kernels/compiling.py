@@ -123,14 +123,15 @@ def package_stamp():
     """A hash of every source file of this package and of the tuning entries
     compiled into kernels (see tuning.compiled_values), memoised.  tuning.py
     itself is left out: its other entries are read at run time, and changing
-    one must not recompile every kernel."""
+    one must not recompile every kernel; so is manifest.py, which compiles
+    kernels but holds none."""
     global _package_stamp
     if _package_stamp is None:
         import hashlib
         folder = _os.path.dirname(_os.path.abspath(__file__))
         digest = hashlib.sha256()
         for name in sorted(_os.listdir(folder)):
-            if name.endswith(".py") and name != "tuning.py":
+            if name.endswith(".py") and name not in ("tuning.py", "manifest.py"):
                 with open(_os.path.join(folder, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read())
         from . import tuning

@@ -101,9 +101,11 @@ def parse_type(text):
 
 def parse_signature(text):
     """The tuple of Numba types that :func:`signature_text` wrote as ``text``."""
+    if not (text.startswith("(") and text.endswith(")")):
+        raise ValueError(f"parse_signature: {text!r} is not a parenthesised list of types")
     node = _parse(text, "parse_signature")
-    if not isinstance(node, ast.Tuple):
-        raise ValueError(f"parse_signature: {text!r} is not a parenthesised list of types")  # noqa: TRY004 - bad text
+    if not isinstance(node, ast.Tuple):  # "(int64)": one argument
+        return (_type_of(node, text),)
     return tuple(_type_of(element, text) for element in node.elts)
 
 

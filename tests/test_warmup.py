@@ -184,3 +184,20 @@ def test_after_a_warm_up_a_model_compiles_no_library_kernel(tmp_path, monkeypatc
     again = manifest.warmup(jobs=2, entries=entries, print_progress=None)
     assert sorted((row["kernel"], row["signature"], row["loaded"]) for row in again
                   if row["entry"]) == sorted((name, signature, True) for name, signature in entries)
+
+
+def test_the_compile_report_lists_slowest_first_and_flags_those_over_budget():
+    from numbackend import compile_report
+    rows = [{"kernel": "pool._window", "signature": "(int64)", "entry": True, "loaded": False,
+             "error": None, "self_s": 0.5, "inclusive_s": 0.5},
+            {"kernel": "packed._tile", "signature": "(int64)", "entry": False, "loaded": False,
+             "error": None, "self_s": 2.5, "inclusive_s": 2.5},
+            {"kernel": "packed.matmul", "signature": "(int64)", "entry": True, "loaded": False,
+             "error": None, "self_s": 1.0, "inclusive_s": 3.5}]
+    lines = compile_report.format_report(rows, budget_s=2.0).splitlines()
+    assert [line.split()[-2] for line in lines[1:4]] == ["packed._tile", "packed.matmul",
+                                                         "pool._window"]
+    assert "OVER in packed._tile" in lines[1]
+    assert "OVER" not in lines[2] + lines[3]
+    assert lines[-1].startswith("2 manifest signatures, 1 nested compiles; self time in all 4.0 s; "
+                                "1 over the budget of 2 s")

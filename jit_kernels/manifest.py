@@ -269,7 +269,7 @@ def compile_entries(entries, report=None):
     (seconds, less the compiles of this package's kernels nested in it; see
     :class:`_CompileTimes`) and ``inclusive_s``, ``entry`` (True for an entry of ``entries``,
     False for a kernel or helper compiled inside one), ``loaded`` (an entry
-    found in the cache) and ``error`` (text, for an entry that failed).  Each
+    found in the cache, or compiled inside an earlier one) and ``error`` (text, for an entry that failed).  Each
     entry's dict is passed to ``report`` when it is done."""
     import numba
     numba.njit(lambda x: x + 1)(1)  # Numba's own first-compile set-up, out of the times
@@ -317,6 +317,7 @@ def _compile(found, name, signature):
     if hasattr(kernel, "part_function"):
         raise TypeError(f"{name} is a compiled part: its signature is {PART_SIGNATURE!r}")
     argument_types = parse_signature(signature)
+    # "loaded": no compile now (from the disk cache, or compiled inside an earlier entry)
     misses = sum(kernel.stats.cache_misses.values())
     kernel.compile(argument_types)
     return sum(kernel.stats.cache_misses.values()) == misses
@@ -408,8 +409,9 @@ def warmup(jobs=None, kernels=None, entries=None, print_progress=print):
     loaded = sum(r["loaded"] for r in entry_rows)
     if print_progress is not None:
         print_progress(f"warm-up: {len(entry_rows)} signatures of {len({r['kernel'] for r in entry_rows})} "
-                       f"kernels, {len(entry_rows) - loaded - len(failed)} compiled, {loaded} already "
-                       f"cached, {len(failed)} failed, in {time.perf_counter() - start:.1f} s "
+                       f"kernels, {len(entry_rows) - loaded - len(failed)} compiled, {loaded} loaded "
+                       f"(from the cache, or compiled inside another), {len(failed)} failed, "
+                       f"in {time.perf_counter() - start:.1f} s "
                        f"({len(shares(entries, jobs))} processes)")
     if failed:
         raise RuntimeError("warmup: these signatures failed to compile:\n" + "\n".join(

@@ -10,9 +10,9 @@
   how much of it compiled library kernels.
 - ``--record``: runs those workloads and writes the library signatures they
   compiled or loaded as the manifest (``--add``: adds them to it).
-- ``python -m numbackend warmup`` (or :func:`warmup`): compiles every manifest
-  signature into the disk cache, so that a model's first call compiles only
-  its own kernels.
+- ``python -m numbackend warmup [--jobs N] [--report]`` (or :func:`warmup`):
+  compiles every manifest signature into the disk cache, so that a model's
+  first call compiles only its own kernels (``--report``: then the table).
 """
 import json
 import os

@@ -128,10 +128,12 @@ def seed_dir():
 def seed_roots():
     """The read-only cache roots searched before the writable one, in order: each
     folder of NUMBACKEND_CACHE_SEED (separated by os.pathsep), the package's
-    :func:`seed_dir`, and NUMBACKEND_CACHE_DIR (read where it cannot be written:
-    a seed shipped in an image)."""
+    :func:`seed_dir` (unless NUMBACKEND_PACKAGE_SEED is 0: a measurement of cold
+    compiles), and NUMBACKEND_CACHE_DIR (read where it cannot be written: a seed
+    shipped in an image)."""
     roots = [r for r in _os.environ.get("NUMBACKEND_CACHE_SEED", "").split(_os.pathsep) if r]
-    roots.append(seed_dir())
+    if _os.environ.get("NUMBACKEND_PACKAGE_SEED", "1") != "0":
+        roots.append(seed_dir())
     if _configured_root():
         roots.append(_configured_root())
     return roots
@@ -569,7 +571,8 @@ def package_stamp():
     """A hash of every source file of this package and of the tuning entries
     compiled into kernels (see tuning.compiled_values), memoised.  tuning.py
     itself is left out: its other entries are read at run time, and changing
-    one must not recompile every kernel.  Part of :func:`target_key`: Numba
+    one must not recompile every kernel; so is manifest.py, which compiles
+    kernels but holds none.  Part of :func:`target_key`: Numba
     compares only a function's own file, but kernels inline jit functions of
     other files of the package (conv.py packed.py's micro-kernels, pool.py and
     resize.py conv.py's helpers): one compiled against an older copy of those
@@ -579,7 +582,7 @@ def package_stamp():
         folder = _os.path.dirname(_os.path.abspath(__file__))
         digest = _hashlib.sha256()
         for name in sorted(_os.listdir(folder)):
-            if name.endswith(".py") and name != "tuning.py":
+            if name.endswith(".py") and name not in ("tuning.py", "manifest.py"):
                 with open(_os.path.join(folder, name), "rb") as f:
                     digest.update(name.encode() + b"\0" + f.read())
         from . import tuning

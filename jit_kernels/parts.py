@@ -78,7 +78,9 @@ def compiled_part(function):
                          {'nogil': True})
         install_cache(callback, function)
         callback.compile()
+        compile_once.callback = callback
         return callback.address, ctypes.CFUNCTYPE(None, ctypes.c_void_p)(callback.address)
+    compile_once.part_function = function  # for jit_kernels.manifest
     return compile_once
 
 

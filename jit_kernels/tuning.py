@@ -416,3 +416,10 @@ _define("PARTS_CONTENDED_SERIAL_NS", 1_000_000_000, "ns",
         "how long the parts run on the calling thread alone once threads were found late; 0 "
         "pins the parts to the threads", compiled=True,
         decides="see PARTS_LATE_START_NS")
+
+# -- jit_kernels/manifest.py, numbackend/compile_report.py (compile time as a budget)
+_define("LIBRARY_COMPILE_BUDGET_S", 2.0, "seconds",
+        "chosen: a library kernel compiled in a model's first call is paid by every new user "
+        "and container; a few of them must stay well under a first call of a few seconds",
+        "python -m numbackend compile-report flags a compile of a library kernel whose own "
+        "time (its nested compiles left out) is over this")

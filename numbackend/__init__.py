@@ -22,6 +22,7 @@ _keras_compat.apply()
 from . import autodiff, config, conv, core, ctc, math, nn, random, updates
 from . import rnn as _rnn_module  # K.rnn is the function
 from .autodiff import *
+from .compile_report import warmup as warmup  # the library compiled ahead of models
 from .config import (
     backend,
     cast_to_floatx,

@@ -1,4 +1,5 @@
 """``python -m numbackend demo``: build, compile and time two small models.
+``python -m numbackend warmup`` and ``compile-report``: see compile_report.py.
 
 W1 is a chain of element-wise operations (one fused kernel); W3 is a
 784-512-512-10 MLP (BLAS products, fused bias+activation kernels, a fused
@@ -90,7 +91,10 @@ def main(argv):
     if argv[:1] == ["demo"]:
         demo()
         return 0
-    print("usage: python -m numbackend demo", file=sys.stderr)
+    if argv[:1] in (["warmup"], ["compile-report"]):
+        from . import compile_report
+        return compile_report.main(argv[0], argv[1:])
+    print("usage: python -m numbackend demo|warmup|compile-report", file=sys.stderr)
     return 2
 
 

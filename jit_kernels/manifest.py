@@ -199,14 +199,14 @@ def kernels():
     dicts there.  Imports every kernel module."""
     from numba.core.dispatcher import Dispatcher
 
-    from .compiling import LoadWithoutRegistries
+    from .compiling import KernelCache
     found = {}
 
     def add(module, value):
         if isinstance(value, Dispatcher):
             function = value.py_func
             if (function.__module__ == module.__name__
-                    and isinstance(getattr(value, "_cache", None), LoadWithoutRegistries)):
+                    and isinstance(getattr(value, "_cache", None), KernelCache)):
                 found[_kernel_name(function)] = value
             twin = getattr(value, "serial", None)
             if twin is not None:

@@ -282,3 +282,51 @@ def test_warmup_model_compiles_a_keras_models_predict():
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           check=False, timeout=600)
     assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-3000:]
+
+
+def test_a_functions_second_call_compiles_nothing_in_the_calling_thread():
+    # a convolution on the Winograd path, a product by packed weights and a scan
+    # (whose loop the second call hands to the worker): in a new process, so that
+    # no earlier test compiled a signature that the second call would need
+    script = textwrap.dedent("""
+        import threading
+        import numpy as np
+        from numba.core import dispatcher
+        import numbackend as K
+
+        rng = np.random.default_rng(0)
+        image = K.placeholder((None, 10, 10, 4))
+        kernel = K.variable(rng.standard_normal((3, 3, 4, 8)).astype("float32"))
+        conv = K.function([image], [K.relu(K.conv2d(image, kernel))])
+        x = K.placeholder((None, 300))
+        weights = K.variable(rng.standard_normal((300, 256)).astype("float32"))
+        dense = K.function([x], [K.relu(K.dot(x, weights))])
+        seq, h0 = K.placeholder((None, 4, 3)), K.placeholder((None, 5))
+        u, v = K.variable(np.ones((3, 5), "float32")), K.variable(np.eye(5, dtype="float32"))
+        _, outputs, _ = K.rnn(lambda x_t, s: (lambda h: (h, [h]))(K.tanh(K.dot(x_t, u) + K.dot(s[0], v))),
+                              seq, [h0])
+        rnn = K.function([seq, h0], [outputs])
+        feeds = [(conv, [rng.standard_normal((1, 10, 10, 4)).astype("float32")]),
+                 (dense, [rng.standard_normal((1, 300)).astype("float32")]),
+                 (rnn, [np.ones((2, 4, 3), "float32"), np.zeros((2, 5), "float32")])]
+        for f, arrays in feeds:
+            f(arrays)
+        compiled, main = [], threading.current_thread()
+        compile_for_args = dispatcher.Dispatcher._compile_for_args
+
+        def spied(self, *args, **kwargs):
+            if threading.current_thread() is main:
+                compiled.append(self.py_func.__qualname__)
+            return compile_for_args(self, *args, **kwargs)
+        dispatcher.Dispatcher._compile_for_args = spied
+        for f, arrays in feeds:
+            f(arrays)
+        print("compiled in the second calls:", compiled)
+    """)
+    env = dict(os.environ, NUMBACKEND_TUNE_TIER_COMPILE="background",
+               NUMBACKEND_TUNE_SCAN_LOOP_AFTER="2", NUMBACKEND_TUNE_CONV_PATH="winograd",
+               NUMBACKEND_TUNE_ONE_CALL_AFTER="2")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          check=False, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "compiled in the second calls: []" in done.stdout, done.stdout

@@ -83,6 +83,14 @@ class Loop:
         except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
             return None
 
+    def state(self):
+        """The loop's tier in words: compiling, compiled, or why it did not compile."""
+        if self.failure is not None or not self._compiles:
+            return f"did not compile: {self.failure}"
+        if self._function is not None or (self._job is not None and self._job.done):
+            return "compiled"
+        return "not compiled yet" if self._job is None else "compiling in the background"
+
     def _compiled(self, first, steps, reverse, seqs, states, invariants, stacked):
         """Whether the loop's function is compiled: its compile is started where it
         is not, for the types of these arguments, and waited for only inside

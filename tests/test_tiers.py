@@ -189,12 +189,14 @@ def test_a_scan_runs_from_python_while_its_loop_compiles_in_the_background(
         np.testing.assert_allclose(got[0], want, rtol=1e-12)
     assert started.wait(10)
     assert runs[0] == 4 * T
+    assert "the loop over time compiling in the background" in fn.explain()
     release.set()
     (node,) = [n for n in toposort(fn.plan.targets) if n.op == "scan"]
     (loop,) = BODIES._loops[node.attrs["body"]].values()
     assert loop._job.wait(120) and loop._job.error is None
     np.testing.assert_allclose(fn([xv, hv])[0], want, rtol=1e-12)
     assert runs[0] == 4 * T + 1  # the first step from Python, the others in the loop
+    assert "the loop over time compiled" in fn.explain()
 
 
 def test_warmup_compiles_every_tier_and_later_calls_compile_nothing(

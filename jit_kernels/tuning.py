@@ -219,6 +219,26 @@ _define("ONE_CALL_AFTER", 10, "calls with small inputs (see ONE_CALL_MAX_ELEMENT
         "compile that functions called a few times never pay.",
         decides="after how many calls with small inputs a function runs as one compiled "
                 "call instead of its plan (1: from the first call; 10**9: never)")
+_define("SCAN_LOOP_AFTER", 2, "calls of a scan (any function running it)",
+        "chosen, not measured: a function of a test suite is often called once, and an "
+        "LSTM's loop compiles for seconds",
+        "A scan runs its steps from Python (the step's plan) until it has been called this "
+        "many times; from then on its steps after the first run in one compiled loop "
+        "(scan_loop), compiled in the background (see TIER_COMPILE) while the calls go on "
+        "from Python.",
+        decides="after how many calls a scan's steps run in its compiled loop instead of "
+                "from Python (1: from the first call; 10**9: never)")
+_define("TIER_COMPILE", "background", "where a later tier compiles",
+        "chosen: a serving call must not wait seconds for a compile",
+        "Where the later tiers of a function (the whole call, see ONE_CALL_AFTER; a "
+        "scan's loop, see SCAN_LOOP_AFTER) compile once due: 'background', on one worker "
+        "thread of the process while the calls go on with the current tier, which they "
+        "leave when the compile is done; 'in_call', in the call that finds it due, which "
+        "waits for it (tests and benchmarks that measure one tier; which call first runs "
+        "the new tier is then fixed).  Function.warmup compiles them at once either way.",
+        decides="whether later tiers compile in the background (the call that first runs "
+                "them depends on timing) or in the call that finds them due",
+        choices=("background", "in_call"))
 _define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements, of all a call's inputs together",
         "chosen, not measured: holds a batch-1 call of the W3 MLP and mnist_cnn "
         "(784 inputs) and small batches of them",

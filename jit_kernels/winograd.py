@@ -473,7 +473,9 @@ def _winograd_kernels(w, remember=True):
     if not remember:
         return u
     _kernel_transforms.pop(key, None)
-    _kernel_transforms[key] = (w.copy(), u)
+    kept = w.copy()
+    _same_values(kept, w)  # compiled with this call's others, not alone in the next call
+    _kernel_transforms[key] = (kept, u)
     owner = w if w.base is None else w.base
     try:
         # freed before its memory can hold another array at the same address

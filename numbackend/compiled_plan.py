@@ -175,6 +175,15 @@ class Call:
         """Drop the references to the arrays of the last call (read again on the next)."""
         self._read = (None, (), None)
 
+    def compile(self, argument_types):
+        """Compile the call for placeholder arrays of ``argument_types`` (see
+        :func:`argument_types`) without running it: on the worker thread of
+        numbackend.tiers, off the serving path."""
+        module = codegen.load_kernel(self.source)
+        codegen.hold([module], self)
+        module.call.compile(tuple(argument_types) + (_addresses_type(),))
+        self._function = module.call
+
     def run(self, *arrays):
         if not self._compiles:
             return None
@@ -200,6 +209,18 @@ class Call:
             return None
         except ValueError:
             return None
+
+
+def argument_types(values):
+    """Numba's types of ``values``, as a compiled function called with them sees
+    them: what a compile off the serving path compiles for."""
+    import numba  # not at import: numbackend loads Numba on a function's first call
+    return tuple(numba.typeof(v) for v in values)
+
+
+def _addresses_type():
+    import numba
+    return numba.typeof(np.zeros(1, np.int64))
 
 
 class _Held:

@@ -94,7 +94,7 @@ import sys
 
 import numpy as np
 
-__all__ = ['applied', 'apply']
+__all__ = ['applied', 'apply', 'warmup_model']
 
 _APPLIED = []  # names of the fixes installed in this process, in order
 
@@ -442,3 +442,17 @@ def apply():
 def applied():
     """The fixes installed in this process, in the order they were installed."""
     return list(_APPLIED)
+
+
+def warmup_model(model, batch_sizes=(1,)):
+    """Compile everything a Keras model's ``predict`` runs for these batch sizes,
+    and wait for it (see ``Function.warmup``): a server calls it before it
+    serves, and its predictions then compile nothing.  Keras builds the
+    predict function here where it has not yet."""
+    model._make_predict_function()
+    function = model.predict_function
+    warmup = getattr(function, 'warmup', None)
+    if warmup is None:
+        raise TypeError(f"warmup_model: the model's predict function is a "
+                        f"{type(function).__name__}, not numbackend's: is Keras's backend numbackend?")
+    warmup(batch_sizes)

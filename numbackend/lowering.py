@@ -26,6 +26,7 @@ import numpy as np
 
 from jit_kernels import tuning
 
+from . import tiers
 from .evaluator import library_call
 from .graph import Constant, Variable
 from .ops import OPS, is_float_matrix_product
@@ -314,21 +315,30 @@ def _library_with_epilogue(step, module, fallback):
 
 
 class Scan(Lowering):
-    """A scan: its body's program run once per step by the Python plan, the
-    steps after the first in one compiled loop where the body has one
-    (scan_loop.py).  ``bodies`` (plan.Bodies) builds and keeps both."""
+    """A scan: its body's program run once per step by the Python plan; from
+    the plan's tuning.SCAN_LOOP_AFTER-th call on, the steps after the first
+    in one compiled loop where the body has one (scan_loop.py), once that
+    loop has compiled (in the background: the calls run from Python
+    meanwhile; see numbackend.tiers).  ``bodies`` (plan.Bodies) builds and
+    keeps both."""
 
     def plan_callable(self, node, bodies=None):
         attrs = node.attrs
         body, reverse, keep_history = attrs["body"], attrs["reverse"], attrs["keep_history"]
+        calls = [0]  # of this plan's scan: a plan called once compiles no loop
 
         def call(*arrays):
-            return _run_scan(arrays, body, reverse, keep_history, bodies)
+            if tiers.warming():
+                calls[0] = max(calls[0], tuning.SCAN_LOOP_AFTER - 1)
+            calls[0] += 1
+            return _run_scan(arrays, body, reverse, keep_history, bodies,
+                             calls[0] >= tuning.SCAN_LOOP_AFTER)
         return call
 
 
-def _run_scan(arrays, body, reverse, keep_history, bodies):
-    """The scan's value: stacked per-step outputs, then the states (stacked or final)."""
+def _run_scan(arrays, body, reverse, keep_history, bodies, loop_due):
+    """The scan's value: stacked per-step outputs, then the states (stacked or
+    final).  ``loop_due``: the steps after the first may run in the compiled loop."""
     n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
     seqs = arrays[:n_seq]
     states = arrays[n_seq:n_seq + n_state]
@@ -362,7 +372,7 @@ def _run_scan(arrays, body, reverse, keep_history, bodies):
                                  f"{stacked[k].shape[1:]}")
             stacked[k][t] = result[k]
         states = result[n_out:]
-        if n == 0 and steps > 1:
+        if n == 0 and steps > 1 and loop_due:
             # the first step checked the shapes: the others in one compiled loop,
             # where the body has one and it runs (else None: they run from Python)
             loop = bodies.loop(body, n_stacked)

@@ -124,6 +124,9 @@ class Plan:
             ops = " -> ".join(n.op for n in step.nodes)
             shapes = ", ".join(f"{format_shape(o.shape)} {o.dtype}" for o in step.outputs)
             out.append(f"{i:3d}  {step.kind:8s} {step.label:18s} {ops}  out={shapes}")
+            if step.nodes[0].op == "scan":
+                out += [f"     (its steps after the first: the loop over time {state})"
+                        for state in BODIES.loop_states(step.nodes[0].attrs["body"])]
         return "\n".join(out)
 
 
@@ -152,6 +155,13 @@ class Bodies:
             loops[n_stacked] = compile_loop(self.plan(body).program, len(body.seq_inputs),
                                             len(body.state_inputs), n_stacked, body.where)
         return loops[n_stacked]
+
+
+    def loop_states(self, body):
+        """Each of the body's loops (one per number of stacked outputs) in words
+        (scan_loop.Loop.state); none before its scan is due to run one."""
+        return [("has no compiled form" if loop is None else loop.state())
+                for loop in self._loops.get(body, {}).values()]
 
 
 BODIES = Bodies()

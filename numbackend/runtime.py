@@ -5,12 +5,14 @@ import functools
 import os
 import sys
 import threading
+import warnings
 
 import numpy as np
 
 from jit_kernels import tuning
 
-from .compiled_plan import compile_call
+from . import tiers
+from .compiled_plan import argument_types, compile_call
 from .graph import Constant, Placeholder, Update, Variable, format_shape, substitute, toposort
 from .ops import apply, as_tensor
 from .plan import Plan
@@ -223,6 +225,38 @@ class Function:
             outputs = [out.copy() if id(out) in written else out for out in outputs]
         return outputs[0] if self.single_output else list(outputs)
 
+    def warmup(self, batch_sizes=(1,)):
+        """Compile now every tier this function runs for inputs of these batch
+        sizes (axis 0), and wait for them: the plan's kernels, the whole call
+        (where the inputs are small, see tuning.ONE_CALL_MAX_ELEMENTS) and the
+        loops of its scans.  A server calls it before it serves, and its calls
+        then compile nothing.  The function runs once per size on inputs of
+        zeros (where a placeholder has a plan per value, Keras's learning
+        phase, its value is 0: the predict plan); updates are computed, not
+        written.  Raises ValueError where an input has an axis of unknown size
+        other than axis 0."""
+        for batch in batch_sizes:
+            if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+                raise ValueError(f"function.warmup: a batch size must be a positive int, "
+                                 f"got {batch!r}")
+            arrays = []
+            for i, x in enumerate(self.inputs):
+                if any(d is None for d in x.shape[1:]):
+                    raise ValueError(f"function.warmup: input {self._input_numbers[i]} "
+                                     f"({x.name!r}) has shape {format_shape(x.shape)}: only "
+                                     "axis 0 (the batch) may be of unknown size; call the "
+                                     "function on an example instead")
+                shape = tuple(batch if d is None else d for d in x.shape)
+                arrays.append(np.zeros(shape, x.dtype))
+            arrays += self._defaults
+            gate = _fork_gate()
+            gate.enter()
+            try:
+                with tiers.warming_up():
+                    self._run(arrays)
+            finally:
+                gate.leave()
+
     def explain(self):
         """The compiled plan, one line per step (where a placeholder has a plan per
         value, the plan of the value last fed: before any call, of its default)."""
@@ -241,6 +275,9 @@ class _PlanRunner:
         self.plan = plan
         self.small_calls = 0
         self.one_call = None  # compiled_plan.Call once compiled; False where it cannot be
+        self._compiling = None  # the compile of one_call (numbackend.tiers), once started
+        self._start_lock = threading.Lock()
+        self.failure = None  # why one_call did not compile, where it did not
 
     def run(self, arrays):
         """The targets' values: from the plan compiled as one call where it serves,
@@ -258,12 +295,32 @@ class _PlanRunner:
 
     def _count_small_call(self, arrays):
         """The results from the plan compiled as one call once called with small
-        inputs tuning.ONE_CALL_AFTER times; None where the plan runs instead (not yet
-        called often enough, or not compiled)."""
+        inputs tuning.ONE_CALL_AFTER times and compiled (in the background unless
+        tuning.TIER_COMPILE says otherwise: the plan serves meanwhile); None where
+        the plan runs instead."""
         self.small_calls += 1
-        if self.small_calls < tuning.ONE_CALL_AFTER:
+        if self.small_calls < tuning.ONE_CALL_AFTER and not tiers.warming():
             return None
-        self.one_call = compile_call(self.plan.program) or False
+        job = self._compiling
+        if job is None:
+            with self._start_lock:  # one compile, whichever thread comes first
+                job = self._compiling
+                if job is None:
+                    job = self._compiling = tiers.submit(
+                        "the whole call", functools.partial(
+                            _compile_whole_call, self.plan.program, argument_types(arrays)))
+        if not job.done:
+            if not tiers.warming():
+                return None
+            job.wait()
+        if job.error is not None:
+            if self.one_call is None:
+                self.failure = f"{type(job.error).__name__}: {str(job.error)[:200]}"
+                warnings.warn("function: the plan did not compile as one call, so it runs from "
+                              f"Python ({self.failure})", stacklevel=5)
+            self.one_call = False
+            return None
+        self.one_call = job.result or False
         return self.one_call.run(*arrays) if self.one_call else None
 
     def explain(self):
@@ -272,7 +329,20 @@ class _PlanRunner:
         if self.one_call:
             text += (f"\n     (inputs of at most {tuning.ONE_CALL_MAX_ELEMENTS} elements: "
                      "these steps run as one compiled call)")
+        elif self._compiling is not None and not self._compiling.done:
+            text += "\n     (these steps compiling as one call, in the background)"
+        elif self.failure is not None:
+            text += f"\n     (these steps did not compile as one call: {self.failure})"
         return text
+
+
+def _compile_whole_call(program, types):
+    """The program as a compiled_plan.Call compiled for placeholder arrays of
+    ``types``, or None where it has no compiled form."""
+    call = compile_call(program)
+    if call:
+        call.compile(types)
+    return call
 
 
 @functools.cache

@@ -17,11 +17,13 @@ wait for each other, while a product shared between threads would synchronise
 them at every step, and a batch's small product gains little from a second
 thread (jit_kernels/blas.py).
 """
+import functools
+import threading
 import warnings
 
 import numpy as np
 
-from . import codegen, compiled_plan, program, tuning
+from . import codegen, compiled_plan, program, tiers, tuning
 from .graph import toposort
 from .ops import OPS
 
@@ -49,14 +51,20 @@ class Loop:
         self.product_columns = product_columns  # of all the step's products, per row
         self._function = None
         self._compiles = True
+        self._job = None  # its compile (numbackend.tiers), once started
+        self._start_lock = threading.Lock()
+        self.failure = None  # why it did not compile, where it did not
 
     def run(self, first, steps, reverse, seqs, states, invariants, stacked):
+        """Steps first..steps-1 (see the class); None where they must run from
+        Python: the loop does not compile, or its compile (started by the first
+        call, in the background unless tuning.TIER_COMPILE says otherwise) is
+        not done yet."""
         if not self._compiles:
             return None
-        if self._function is None:
-            module = codegen.load_kernel(self.source)
-            codegen.hold([module], self)
-            self._function = module.loop
+        if self._function is None and not self._compiled(first, steps, reverse, seqs, states,
+                                                         invariants, stacked):
+            return None
         try:
             bounds = self._row_bounds(steps - first, seqs, states, invariants)
             if bounds is not None:
@@ -74,6 +82,51 @@ class Loop:
             return None
         except ValueError:  # shapes that broadcast unlike the kernels' compiled patterns
             return None
+
+    def state(self):
+        """The loop's tier in words: compiling, compiled, or why it did not compile."""
+        if self.failure is not None or not self._compiles:
+            return f"did not compile: {self.failure}"
+        if self._function is not None or (self._job is not None and self._job.done):
+            return "compiled"
+        return "not compiled yet" if self._job is None else "compiling in the background"
+
+    def _compiled(self, first, steps, reverse, seqs, states, invariants, stacked):
+        """Whether the loop's function is compiled: its compile is started where it
+        is not, for the types of these arguments, and waited for only inside
+        tiers.warming_up (or where it runs in this thread)."""
+        job = self._job
+        if job is None:
+            with self._start_lock:  # one compile, whichever thread comes first
+                job = self._job
+                if job is None:
+                    # the arguments of an unsplit run (a split one passes the same types)
+                    arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
+                    types = compiled_plan.argument_types(
+                        (first, steps, steps, reverse, 0, _ALL_ROWS, False, False, *arrays,
+                         *self.constants, *stacked))
+                    job = self._job = tiers.submit(f"{self.where}: the loop over time",
+                                                   functools.partial(self._compile, types))
+        if not job.done:
+            if not tiers.warming():
+                return False
+            job.wait()
+        if job.error is not None:
+            if self._compiles:
+                self._compiles = False
+                self.failure = f"{type(job.error).__name__}: {str(job.error)[:200]}"
+                warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
+                              f"step at a time from Python ({self.failure})", stacklevel=5)
+            return False
+        self._function = job.result
+        return True
+
+    def _compile(self, argument_types):
+        """The loop's function, compiled for ``argument_types`` (not run)."""
+        module = codegen.load_kernel(self.source)
+        codegen.hold([module], self)
+        module.loop.compile(argument_types)
+        return module.loop
 
     def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
         """Steps first..steps-1 over rows lo:hi (of states and invariants already

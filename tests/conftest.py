@@ -7,6 +7,11 @@ import pytest
 # One kernel cache for the whole session, unless the caller chose one (CI passes a cold one).
 os.environ.setdefault("NUMBACKEND_CACHE_DIR", os.path.join(tempfile.gettempdir(), "numbackend-tests"))
 os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="numbackend-keras-home-"))
+# Later tiers compile in the call that finds them due, and a scan runs its loop
+# from its first call: which call runs which tier is then fixed, and tests
+# check it (tests/test_tiers.py checks the default, background compiles).
+os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
+os.environ.setdefault("NUMBACKEND_TUNE_SCAN_LOOP_AFTER", "1")
 
 
 @pytest.fixture

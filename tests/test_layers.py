@@ -13,7 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # numbackend's layers, bottom first: a module imports only from its own layer
 # or below (see ARCHITECTURE.md).  jit_kernels is below all of them.
 LAYERS = [
-    ("graph and ops", {"config", "cpus", "names", "tuning", "graph", "ops", "evaluator"}),
+    ("graph and ops", {"config", "cpus", "names", "tuning", "tiers", "graph", "ops", "evaluator"}),
     ("autodiff", {"autodiff"}),
     ("compile", {"rewrite", "partition", "lowering", "program"}),
     ("code generation", {"codegen", "compiled_plan", "scan_loop", "plan"}),

@@ -1,0 +1,149 @@
+"""Later tiers compile off the serving path.
+
+A function starts on its Python plan; later tiers (the plan compiled as one
+call, a scan's loop over time) need a Numba compile of seconds.  Such a
+compile is a :class:`Job`: :func:`submit` queues it for one worker thread
+shared by the process (so that several functions never compile at once), and
+the calls go on running the current tier until ``job.done``; then they swap
+to the new one.  A job that fails keeps its error, and the function keeps
+its current tier.
+
+``tuning.TIER_COMPILE = "in_call"`` runs every job in the calling thread,
+at once (tests and benchmarks that measure a given tier); so does a thread
+inside :func:`warming` (``Function.warmup``), where the thresholds of the
+later tiers count as reached.
+
+The worker is a daemon thread: exit never waits for it.  It holds
+jit_kernels' fork gate while it compiles (a fork waits for that compile:
+Numba's compiler lock must not be copied held), and a process forked from
+this one starts its own worker when it first needs it, running the jobs
+that were still queued.
+"""
+import contextlib
+import os
+import queue
+import threading
+
+from . import tuning
+
+
+class Job:
+    """One compile: ``work()`` run once, on the worker or in the calling thread.
+    ``done`` once it ran; then ``result`` is what it returned, or ``error`` the
+    exception it raised."""
+
+    def __init__(self, what, work):
+        self.what = what
+        self.work = work
+        self.result = None
+        self.error = None
+        self._finished = threading.Event()
+
+    @property
+    def done(self):
+        if self._finished.is_set():
+            return True
+        _ensure_worker()  # in a forked child: its jobs are queued again there
+        return False
+
+    def wait(self, timeout=None):
+        """Wait until the job ran (at most ``timeout`` seconds); whether it did."""
+        if not self.done:
+            self._finished.wait(timeout)
+        return self._finished.is_set()
+
+    def _run(self):
+        try:
+            self.result = self.work()
+        except Exception as exc:  # noqa: BLE001 - kept for the owner, which keeps its tier
+            self.error = exc
+        self.work = None
+        self._finished.set()
+
+
+_local = threading.local()
+_lock = threading.Lock()
+_queue = None
+_worker = None
+_worker_pid = None
+_queued = []  # jobs given to the worker and not run yet (queued again in a forked child)
+
+
+def in_call():
+    """Whether jobs submitted now run in the calling thread (tuning.TIER_COMPILE is
+    "in_call", or this thread is inside :func:`warming`)."""
+    return tuning.TIER_COMPILE == "in_call" or getattr(_local, "warming", False)
+
+
+def warming():
+    """Whether this thread is inside :func:`warming_up`: later tiers compile at once."""
+    return getattr(_local, "warming", False)
+
+
+@contextlib.contextmanager
+def warming_up():
+    """In this thread: every later tier is due at once and compiles in the
+    calling thread (what ``Function.warmup`` runs under)."""
+    before = getattr(_local, "warming", False)
+    _local.warming = True
+    try:
+        yield
+    finally:
+        _local.warming = before
+
+
+def submit(what, work):
+    """A :class:`Job` running ``work()``: at once in the calling thread where
+    :func:`in_call`, else queued for the worker thread.  ``what`` names it in
+    messages."""
+    job = Job(what, work)
+    if in_call():
+        job._run()
+        return job
+    with _lock:
+        _queued.append(job)
+    _ensure_worker()
+    _queue.put(job)
+    return job
+
+
+def _ensure_worker():
+    """Start the worker where this process has none (first use, or a forked child)."""
+    global _queue, _worker, _worker_pid
+    if _worker_pid == os.getpid():
+        return
+    with _lock:
+        if _worker_pid == os.getpid():
+            return
+        _queue = queue.SimpleQueue()
+        for job in _queued:  # a forked child's: the parent's worker is not here
+            _queue.put(job)
+        _worker = threading.Thread(target=_work, args=(_queue,), name="numbackend-compile",
+                                   daemon=True)
+        _worker.start()
+        _worker_pid = os.getpid()
+
+
+def _work(jobs):
+    from jit_kernels import fork_gate  # not at import: numbackend loads jit_kernels lazily
+    while True:
+        job = jobs.get()
+        fork_gate.enter()
+        try:
+            with _lock:
+                if job not in _queued:  # run already (the parent's, in a forked child)
+                    continue
+            job._run()
+            with _lock:
+                _queued.remove(job)
+        finally:
+            fork_gate.leave()
+
+
+def _after_fork_in_child():
+    # the parent's lock may have been held by its worker: this process's own
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

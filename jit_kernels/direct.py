@@ -12,6 +12,7 @@ import numpy as np
 
 from . import parts, tuning
 from .compiling import njit_cached
+from .copying import copy_into
 from .windows import JIT_OPTIONS, in_image_parts, padded_reach, positions_per_image
 
 # window values taken in one pass of the direct loop (the nine-value sum of
@@ -203,7 +204,7 @@ def direct_forward(x, w, sizes, offsets):
     batch, out_ch = x.shape[0], w.shape[3]
     patch = w.shape[0] * w.shape[1] * w.shape[2]
     weights = np.zeros((offsets.size, out_ch), x.dtype)
-    weights[:patch] = w.reshape(patch, out_ch)
+    copy_into(weights[:patch], w.reshape(patch, out_ch))
     out_h, out_w = sizes[_OUT + 1], sizes[_OUT + 2]
     y = np.empty((batch, out_h, out_w, out_ch), x.dtype)
     y2 = y.reshape(-1, out_ch)

@@ -29,6 +29,7 @@ from numba.extending import intrinsic
 
 from . import blas, parts, tuning
 from .compiling import njit_cached
+from .copying import copy_into
 
 
 def _vector_bytes():
@@ -255,7 +256,7 @@ def _last_panel_product(a, first, end, last_panel, out, lda):
     for i in range(first, end, TILE_ROWS):
         rows = min(TILE_ROWS, end - i)
         _tile(rows, a, i * lda, lda, last_panel, 0, width, tile, 0, width, k)
-        out[i:i + rows, start:] = tile[:rows, :out.shape[1] - start]
+        copy_into(out[i:i + rows, start:], tile[:rows, :out.shape[1] - start])
 
 
 @njit_cached(**_JIT)

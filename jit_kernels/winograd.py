@@ -15,6 +15,7 @@ import numpy as np
 from . import blas, packed, parts, tuning
 from .columns import columns_times
 from .compiling import njit_cached
+from .copying import copy_into
 from .pool import avg_pool_serial, block_finisher, max_pool_serial
 from .windows import JIT_OPTIONS, in_image_parts, zero_padded
 
@@ -521,7 +522,7 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     if not _same_values(kept, w):
         _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype),
                                    u.reshape(36, -1))
-        kept[:] = w
+        copy_into(kept, w)
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
     descriptors, scratch = _winograd_descriptors(

@@ -23,7 +23,7 @@ import numpy as np
 from . import codegen, graph, program
 
 # the generated module's first lines
-HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed, parts",
+HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
 # after it, in a whole call running convolutions
 CONV_HEADER = ["from jit_kernels import conv", ""]

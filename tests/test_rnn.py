@@ -14,6 +14,7 @@ from numbackend.graph import toposort
 from numbackend.ops.scan import scan
 from numbackend.plan import BODIES
 from tests.finite_differences import numeric_gradient
+from tests.source_checks import slice_assignments
 
 RNG = np.random.default_rng(7)
 B, T, I, U = 3, 5, 4, 6
@@ -797,6 +798,36 @@ def test_a_loop_without_products_runs_compiled(monkeypatch):
         want = want * 0.5 + xv[:, t]
     np.testing.assert_allclose(K.function([x, h0], [last])([xv, hv])[0], want, rtol=1e-12)
     assert len(loops) == 1 and not loops[0].has_packable
+
+
+def test_the_loop_stacks_its_outputs_without_slice_assignments(monkeypatch):
+    # copying.copy_into: a slice assignment compiles Numba's error path with
+    # string formatting, seconds of a cold process's first call
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_loop
+    loops, run = [], scan_loop.Loop.run
+
+    def spied(self, *args):
+        loops.append(self)
+        return run(self, *args)
+    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    x = K.placeholder((None, 7, U), dtype="float32")
+    h0 = K.placeholder((None, U), dtype="float32")
+
+    def step(x_t, states):
+        h = states[0] * 0.25 + x_t
+        return h * 2.0, [h]
+    _, outputs, _ = K.rnn(step, x, [h0])
+    xv = RNG.standard_normal((2, 7, U)).astype("float32")
+    hv = RNG.standard_normal((2, U)).astype("float32")
+    want, h = [], hv
+    for t in range(7):
+        h = h * np.float32(0.25) + xv[:, t]
+        want.append(h * 2)
+    np.testing.assert_allclose(K.function([x, h0], [outputs])([xv, hv])[0], np.stack(want, axis=1),
+                               rtol=1e-6)
+    assert len(loops) == 1 and slice_assignments(loops[0].source) == []
 
 
 def _masked_rnn_step(w, u, keep, shift):

@@ -255,7 +255,8 @@ def _last_panel_product(a, first, end, last_panel, out, lda):
     tile = np.empty((TILE_ROWS, width), out.dtype)  # whole panels' width, cut to n
     for i in range(first, end, TILE_ROWS):
         rows = min(TILE_ROWS, end - i)
-        _tile(rows, a, i * lda, lda, last_panel, 0, width, tile, 0, width, k)
+        # the starts as int64, not literal zeros: a literal compiles _tile again
+        _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile, np.int64(0), width, k)
         copy_into(out[i:i + rows, start:], tile[:rows, :out.shape[1] - start])
 
 
@@ -270,7 +271,9 @@ def matmul_packed(a, packed, out):
         raise ValueError("jit_kernels.packed: the shapes of a product do not match")
     if m == 0 or n == 0:
         return
-    _product(a, packed, k * width, width, packed[panels - 1], out, lda, ldo)
+    # the panels as one matrix, as matmul passes its right operand: one
+    # compiled _product for both
+    _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out, lda, ldo)
 
 
 @njit_cached(**_JIT)
@@ -289,10 +292,12 @@ def matmul(a, b, out):
         return
     width = panel_width(b.itemsize)
     full = n // width
-    if full * width < n:
-        last_panel = pack(b[:, full * width:], False)[0]
-    else:
-        last_panel = np.zeros((0, width), b.dtype)
+    # the columns after the last full panel, padded with zeros (a loop here: pack
+    # of a slice of b would compile pack for one more type)
+    last_panel = np.zeros((k if full * width < n else 0, width), b.dtype)
+    for i in range(last_panel.shape[0]):
+        for x in range(n - full * width):
+            last_panel[i, x] = b[i, full * width + x]
     _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out, lda, ldo)
 
 

@@ -97,7 +97,8 @@ class Render:
 
     @property
     def packing_lines(self):
-        return [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
+        # np.bool_: a literal flag would compile pack again (see lowering._FLAG)
+        return [f"{name} = (packed.pack({b}, np.bool_({tb})) if packed_products else "
                 f"np.empty((0, 0, 0), dtype={b}.dtype))"
                 for (b, tb), name in self.packings.items()]
 

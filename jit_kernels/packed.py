@@ -29,7 +29,6 @@ from numba.extending import intrinsic
 
 from . import blas, parts, tuning
 from .compiling import njit_cached
-from .copying import copy_into
 
 
 def _vector_bytes():
@@ -257,7 +256,9 @@ def _last_panel_product(a, first, end, last_panel, out, lda):
         rows = min(TILE_ROWS, end - i)
         # the starts as int64, not literal zeros: a literal compiles _tile again
         _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile, np.int64(0), width, k)
-        copy_into(out[i:i + rows, start:], tile[:rows, :out.shape[1] - start])
+        for r in range(rows):
+            for c in range(out.shape[1] - start):
+                out[i + r, start + c] = tile[r, c]
 
 
 @njit_cached(**_JIT)
@@ -271,9 +272,11 @@ def matmul_packed(a, packed, out):
         raise ValueError("jit_kernels.packed: the shapes of a product do not match")
     if m == 0 or n == 0:
         return
-    # the panels as one matrix, as matmul passes its right operand: one
-    # compiled _product for both
-    _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out, lda, ldo)
+    # the panels as one matrix, as matmul passes its right operand, and out
+    # typed as any layout (out[:, :]), contiguous or a part's columns: one
+    # compiled _product for every caller
+    _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out[:, :], lda,
+             ldo)
 
 
 @njit_cached(**_JIT)
@@ -298,7 +301,7 @@ def matmul(a, b, out):
     for i in range(last_panel.shape[0]):
         for x in range(n - full * width):
             last_panel[i, x] = b[i, full * width + x]
-    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out, lda, ldo)
+    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out[:, :], lda, ldo)  # see matmul_packed
 
 
 @njit_cached(**_JIT)

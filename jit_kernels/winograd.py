@@ -525,7 +525,7 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     descriptors, scratch = _winograd_descriptors(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
-        pooled[:0], True)
+        pooled[:0], np.bool_(True))  # np.bool_: a literal would compile it once more
     if descriptors.shape[0] == 0:
         raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     parts.run_compiled(part_address, descriptors, (out, pooled, scratch))

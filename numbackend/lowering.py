@@ -257,7 +257,7 @@ class Conv(Lowering):
                                    runs_parts=True)
         render.needs_conv = True
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
-                f"{conv.POOL_MODES[pool]}, {path.compiled.chunk})")]
+                f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
 
 
 def _library_with_epilogue(step, module, fallback):

@@ -144,7 +144,9 @@ def test_packed_products_call_their_helpers_with_one_signature():
                            (packed._last_panel_product, (matrix, types.int64, types.int64, matrix, matrix,
                                                           types.int64))]:
         assert literal_calls(function, args) == [], function.py_func.__name__
+    columns = types.float32[:, :]  # a part's columns of out (parts of matmul_packed_in_parts)
     products = {str(signature) for function, args in [(packed.matmul, (matrix, matrix, matrix)),
-                                                      (packed.matmul_packed, (matrix, panels, matrix))]
+                                                      (packed.matmul_packed, (matrix, panels, matrix)),
+                                                      (packed.matmul_packed, (matrix, panels, columns))]
                 for callee, signature in compiled_calls(function, args) if callee is packed._product}
     assert len(products) == 1, products

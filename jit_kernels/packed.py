@@ -254,8 +254,9 @@ def _last_panel_product(a, first, end, last_panel, out, lda):
     tile = np.empty((TILE_ROWS, width), out.dtype)  # whole panels' width, cut to n
     for i in range(first, end, TILE_ROWS):
         rows = min(TILE_ROWS, end - i)
-        # the starts as int64, not literal zeros: a literal compiles _tile again
-        _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile, np.int64(0), width, k)
+        # the starts as int64, not literal zeros, and tile typed as any layout, as
+        # _product passes out: either way _tile would compile once more
+        _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile[:, :], np.int64(0), width, k)
         for r in range(rows):
             for c in range(out.shape[1] - start):
                 out[i + r, start + c] = tile[r, c]

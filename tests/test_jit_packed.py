@@ -145,8 +145,15 @@ def test_packed_products_call_their_helpers_with_one_signature():
                                                           types.int64))]:
         assert literal_calls(function, args) == [], function.py_func.__name__
     columns = types.float32[:, :]  # a part's columns of out (parts of matmul_packed_in_parts)
-    products = {str(signature) for function, args in [(packed.matmul, (matrix, matrix, matrix)),
+    products = {signature for function, args in [(packed.matmul, (matrix, matrix, matrix)),
                                                       (packed.matmul_packed, (matrix, panels, matrix)),
                                                       (packed.matmul_packed, (matrix, panels, columns))]
                 for callee, signature in compiled_calls(function, args) if callee is packed._product}
     assert len(products) == 1, products
+    (product,) = products
+    tiles = {str(signature) for callee, signature in compiled_calls(packed._product, product.args)
+             if callee is packed._tile}
+    tiles |= {str(signature) for callee, signature in compiled_calls(
+        packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64))
+        if callee is packed._tile}
+    assert len(tiles) == 1, tiles

@@ -12,6 +12,7 @@ import numpy as np
 
 from . import parts, tuning
 from .compiling import njit_cached
+from .copying import copy_into
 from .windows import JIT_OPTIONS, in_image_parts, padded_reach, positions_per_image
 
 # window values taken in one pass of the direct loop (the nine-value sum of
@@ -79,8 +80,9 @@ def _window_passes(g, image_shape):
     values = [sum(t * d * e for t, d, e in zip(tap, g.dilation, step)) + ch
               for tap in np.ndindex(*g.kernel) for ch in range(image_shape[3])]
     values += [size] * (-len(values) % PASS_VALUES)
+    # writeable, as a whole call's compiled code sees it: Numba compiles the
+    # loops once more for read-only arrays
     offsets = np.array(values, np.int64).reshape(-1, PASS_VALUES)
-    offsets.flags.writeable = False
     return offsets, tuple(s * e for s, e in zip(g.stride, step))
 
 
@@ -190,8 +192,7 @@ def direct_loop(g, channels, out_ch, itemsize):
 def _direct_loop(g, channels, out_ch, itemsize, chunk_bytes):
     reach = padded_reach(g) or g.size
     offsets, steps = _window_passes(g, reach + (channels,))
-    sizes = np.array(g.pad + reach + g.out + steps, np.int64)
-    sizes.flags.writeable = False
+    sizes = np.array(g.pad + reach + g.out + steps, np.int64)  # writeable: see _window_passes
     return DirectLoop(sizes, offsets, max(1, chunk_bytes // (positions_per_image(g) * out_ch * itemsize)))
 
 
@@ -203,10 +204,11 @@ def direct_forward(x, w, sizes, offsets):
     batch, out_ch = x.shape[0], w.shape[3]
     patch = w.shape[0] * w.shape[1] * w.shape[2]
     weights = np.zeros((offsets.size, out_ch), x.dtype)
-    weights[:patch] = w.reshape(patch, out_ch)
+    copy_into(weights[:patch], w.reshape(patch, out_ch))
     out_h, out_w = sizes[_OUT + 1], sizes[_OUT + 2]
     y = np.empty((batch, out_h, out_w, out_ch), x.dtype)
     y2 = y.reshape(-1, out_ch)
-    _window_lines(x.reshape(batch, 1, x.shape[1], x.shape[2], x.shape[3]), 0, batch * out_h, sizes,
+    # np.int64(0), not a literal 0, which would compile _window_lines once more
+    _window_lines(x.reshape(batch, 1, x.shape[1], x.shape[2], x.shape[3]), np.int64(0), batch * out_h, sizes,
                   offsets, weights, y2, np.zeros(0, np.int64), y2)
     return y

@@ -244,8 +244,12 @@ def _last_panel_product(a, first, end, last_panel, out, lda):
     tile = np.empty((TILE_ROWS, width), out.dtype)  # whole panels' width, cut to n
     for i in range(first, end, TILE_ROWS):
         rows = min(TILE_ROWS, end - i)
-        _tile(rows, a, i * lda, lda, last_panel, 0, width, tile, 0, width, k)
-        out[i:i + rows, start:] = tile[:rows, :out.shape[1] - start]
+        # the starts as int64, not literal zeros, and tile typed as any layout, as
+        # _product passes out: either way _tile would compile once more
+        _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile[:, :], np.int64(0), width, k)
+        for r in range(rows):
+            for c in range(out.shape[1] - start):
+                out[i + r, start + c] = tile[r, c]
 
 
 @njit_cached(**_JIT)
@@ -259,7 +263,11 @@ def matmul_packed(a, packed, out):
         raise ValueError("jit_kernels.packed: the shapes of a product do not match")
     if m == 0 or n == 0:
         return
-    _product(a, packed, k * width, width, packed[panels - 1], out, lda, ldo)
+    # the panels as one matrix, as matmul passes its right operand, and out
+    # typed as any layout (out[:, :]), contiguous or a part's columns: one
+    # compiled _product for every caller
+    _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out[:, :], lda,
+             ldo)
 
 
 @njit_cached(**_JIT)
@@ -278,11 +286,13 @@ def matmul(a, b, out):
         return
     width = panel_width(b.itemsize)
     full = n // width
-    if full * width < n:
-        last_panel = pack(b[:, full * width:], False)[0]
-    else:
-        last_panel = np.zeros((0, width), b.dtype)
-    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out, lda, ldo)
+    # the columns after the last full panel, padded with zeros (a loop here: pack
+    # of a slice of b would compile pack for one more type)
+    last_panel = np.zeros((k if full * width < n else 0, width), b.dtype)
+    for i in range(last_panel.shape[0]):
+        for x in range(n - full * width):
+            last_panel[i, x] = b[i, full * width + x]
+    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out[:, :], lda, ldo)  # see matmul_packed
 
 
 @njit_cached(**_JIT)

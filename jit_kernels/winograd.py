@@ -15,6 +15,7 @@ import numpy as np
 from . import blas, packed, parts, tuning
 from .columns import columns_times
 from .compiling import njit_cached
+from .copying import copy_into
 from .pool import avg_pool_serial, block_finisher, max_pool_serial
 from .windows import JIT_OPTIONS, in_image_parts, zero_padded
 
@@ -342,35 +343,32 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, c
 def _winograd_part_of(d, dtype):
     """:func:`_winograd_bands` of the descriptor ``d`` (see
     :func:`_winograd_descriptors`), its arrays of ``dtype``, chunk by chunk
-    of its bands."""
-    for first in range(d[_D_FIRST_BAND], d[_D_END_BAND], d[_D_CHUNK]):
-        _winograd_bands_of(d, dtype, first, min(d[_D_END_BAND], first + d[_D_CHUNK]))
-
-
-@njit_cached(**JIT_OPTIONS)
-def _winograd_bands_of(d, dtype, first, end):
-    """What :func:`_winograd_part_of` does for bands first..end-1."""
+    of its bands, each chunk's outputs then run through the epilogue and
+    pooled as ``d`` says.  (One function, not one per chunk called from
+    here: Numba compiles a caller with all its callees' code again.)"""
     channels, out_ch = d[_D_CHANNELS], d[_D_OUT_CH]
     rows = parts.array_at(d[_D_ROWS], (d[_D_ROW_COUNT], channels), dtype)
     width, tiles_h, tiles_w = d[_D_WIDTH], d[_D_TILES_H], d[_D_TILES_W]
     u = parts.array_at(d[_D_U], (36, channels, out_ch), dtype)
     out_h, out_w = d[_D_OUT_H], d[_D_OUT_W]
-    first_row, end_row = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
-    out = parts.array_at(d[_D_OUT], (end_row, out_ch), dtype)[first_row:]
     scratch = parts.array_at(d[_D_SCRATCH], (d[_D_SCRATCH_SIZE],), dtype)
-    _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
     epilogue = parts.array_at(d[_D_EPILOGUE], (d[_D_EPILOGUE_SIZE],), np.int64)
-    if epilogue.size and not d[_D_POOL_FIRST]:  # the epilogue, on these bands' outputs
-        done = parts.array_at(d[_D_FINAL], (end_row, out_ch), dtype)[first_row:]
-        parts.run_epilogue(epilogue, out, done)
-        out = done
-    if d[_D_POOL_MODE]:
-        pooled = parts.array_at(d[_D_POOLED], (d[_D_POOLED_ROWS], out_ch), dtype)
-        _pool_bands(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
-        if epilogue.size and d[_D_POOL_FIRST]:  # the epilogue, on the pooled rows of these bands
-            lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
-            parts.run_epilogue(epilogue, pooled[lo:hi],
-                               parts.array_at(d[_D_FINAL], (d[_D_POOLED_ROWS], out_ch), dtype)[lo:hi])
+    for first in range(d[_D_FIRST_BAND], d[_D_END_BAND], d[_D_CHUNK]):
+        end = min(d[_D_END_BAND], first + d[_D_CHUNK])
+        first_row, end_row = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
+        out = parts.array_at(d[_D_OUT], (end_row, out_ch), dtype)[first_row:]
+        _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
+        if epilogue.size and not d[_D_POOL_FIRST]:  # the epilogue, on these bands' outputs
+            done = parts.array_at(d[_D_FINAL], (end_row, out_ch), dtype)[first_row:]
+            parts.run_epilogue(epilogue, out, done)
+            out = done
+        if d[_D_POOL_MODE]:
+            pooled = parts.array_at(d[_D_POOLED], (d[_D_POOLED_ROWS], out_ch), dtype)
+            _pool_bands(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
+            if epilogue.size and d[_D_POOL_FIRST]:  # the epilogue, on the pooled rows of these bands
+                lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
+                parts.run_epilogue(epilogue, pooled[lo:hi],
+                                   parts.array_at(d[_D_FINAL], (d[_D_POOLED_ROWS], out_ch), dtype)[lo:hi])
 
 
 @njit_cached(inline='always')
@@ -523,13 +521,13 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     if not _same_values(kept, w):
         _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype),
                                    u.reshape(36, -1))
-        kept[:] = w
+        copy_into(kept, w)
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
     descriptors, scratch = _winograd_descriptors(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
-        pooled[:0], True)
+        pooled[:0], np.bool_(True))  # np.bool_: a literal would compile it once more
     if descriptors.shape[0] == 0:
         raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     parts.run_compiled(part_address, descriptors, (out, pooled, scratch))

@@ -274,7 +274,10 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
         emit(f"s{j} = np.empty((min(R, {tuning.FUSED_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
         args.append(f"s{j}")
     if serial:
-        emit(f"kernel_ser({', '.join(args)})")
+        # R and C as int64, not as literals where the domain's dims are constants:
+        # a literal would compile kernel_ser a second time, for compiled callers
+        # alone (Numba specialises a call on its literal arguments)
+        emit(f"kernel_ser({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
     else:
         work = f"R * C * {work_per_element(spec)}"
         emit(f"if {work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok():")

@@ -23,7 +23,7 @@ import numpy as np
 from . import codegen, graph, program
 
 # the generated module's first lines
-HEADER = ["import numpy as np", "", "from jit_kernels import blas, njit_cached, packed, parts",
+HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
 # after it, in a whole call running convolutions
 CONV_HEADER = ["from jit_kernels import conv", ""]
@@ -97,7 +97,8 @@ class Render:
 
     @property
     def packing_lines(self):
-        return [f"{name} = (packed.pack({b}, {tb}) if packed_products else "
+        # np.bool_: a literal flag would compile pack again (see lowering._FLAG)
+        return [f"{name} = (packed.pack({b}, np.bool_({tb})) if packed_products else "
                 f"np.empty((0, 0, 0), dtype={b}.dtype))"
                 for (b, tb), name in self.packings.items()]
 

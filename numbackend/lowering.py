@@ -35,6 +35,9 @@ from .ops import OPS, is_float_matrix_product
 # BLAS, and with the right operand packed before the lines run
 # (jit_kernels.packed; a scan's loop picks one by the rows).
 PRODUCT, PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
+# The transposition flags of PRODUCT as typed bools, not literals: Numba
+# compiles a function again for each pattern of literal arguments it is called with.
+_FLAG = {False: "np.bool_(False)", True: "np.bool_(True)"}
 
 
 class Lowering:
@@ -138,7 +141,7 @@ class Dot(Lowering):
                 f"if {ins[0]}.shape[0] <= {tuning.PACKED_WEIGHTS_MAX_ROWS}:",
                 f"    {product}",
                 "else:",
-                f"    {PRODUCT}({ins[0]}, {ins[1]}, {out}, False, False)"]
+                f"    {PRODUCT}({ins[0]}, {ins[1]}, {out}, {_FLAG[False]}, {_FLAG[False]})"]
 
     @staticmethod
     def _product_lines(node, ins, out, render):
@@ -149,7 +152,7 @@ class Dot(Lowering):
         ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
         rows = f"{ins[0]}.shape[{1 if ta else 0}]"
         cols = f"{ins[1]}.shape[{0 if tb else 1}]"
-        operands = f"({ins[0]}, {ins[1]}, {out}, {ta}, {tb})"
+        operands = f"({ins[0]}, {ins[1]}, {out}, {_FLAG[ta]}, {_FLAG[tb]})"
         lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
         if ta or ins[1] not in render.packable:
             return lines + [PRODUCT + operands]
@@ -163,7 +166,7 @@ class Dot(Lowering):
         allocate = (f"{steps} = np.empty(((last - earliest) if hoisted_products else 0, "
                     f"min(hi, {whole}.shape[1]) - lo, {cols}), dtype=np.{node.dtype})")
         multiply = (f"    {PRODUCT}(np.ascontiguousarray({whole}[earliest:last, lo:hi]).reshape("
-                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), False, {tb})")
+                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), {_FLAG[False]}, {_FLAG[tb]})")
         render.hoistings += [allocate, "if hoisted_products:", multiply]
         return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
             "    " + line for line in lines]
@@ -255,7 +258,7 @@ class Conv(Lowering):
                                    runs_parts=True)
         render.needs_conv = True
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
-                f"{conv.POOL_MODES[pool]}, {path.compiled.chunk})")]
+                f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
 
 
 def _library_with_epilogue(step, module, fallback):

@@ -220,7 +220,9 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
               "        t = steps - 1 - n if reverse else n"]
     lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
     lines += ["        " + line for line in body]
-    lines += [f"        {h}[t, lo:hi] = {r}" for h, r in zip(stacked_names, results)]
+    # copy_into rather than a slice assignment, whose error path Numba compiles
+    # with string formatting (seconds in a cold process)
+    lines += [f"        copying.copy_into({h}[t, lo:hi], {r})" for h, r in zip(stacked_names, results)]
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")

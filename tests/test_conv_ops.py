@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import numbackend as K
+from tests.source_checks import compiled_calls, literal_calls
 
 RNG = np.random.default_rng(1234)
 
@@ -648,6 +649,13 @@ def test_a_small_cnn_called_often_runs_as_one_call(tuned, dtype):
     source = f.whole_call.source
     for call in ("conv.direct_forward", "conv.winograd_forward", "packed.matmul_packed_from_compiled"):
         assert call in source
+    # no literal arguments to library code (each pattern of literals compiles it again)
+    function = f.whole_call._function
+    (signature,) = function.signatures
+    assert literal_calls(function, signature) == []
+    for callee, sig in compiled_calls(function, signature):
+        if callee.py_func.__module__.startswith("jit_kernels"):
+            assert literal_calls(callee, sig.args) == [], callee.py_func.__name__
     K.set_value(weights[1][0], values[1][0][::-1].astype(dtype))
     K.set_value(weights[2][0], 2 * values[2][0].astype(dtype))
     check(1)

@@ -933,3 +933,15 @@ def test_conv_path_pin_reaches_the_compiled_forms(tune):
     assert conv.compiled_path((None, 26, 26, 32), (3, 3, 32, 64), f32, 1, 'valid', 1) is None
     with pytest.raises(ValueError, match="CONV_PATH must be one of"):
         tune(CONV_PATH='fft')
+
+
+def test_direct_loop_arrays_are_typed_as_a_whole_call_reads_them():
+    # a whole call reads the loop's sizes and offsets as writeable arrays (by
+    # their addresses); read-only ones from Python compiled the loops once more
+    import numba
+
+    from jit_kernels import direct
+    from jit_kernels.windows import geometry
+    loop = direct.direct_loop(geometry((1, 28, 28), (1, 3, 3)), 1, 32, 4)
+    for array in (loop.sizes, loop.offsets):
+        assert numba.typeof(array) == numba.typeof(np.empty(array.shape, np.int64))

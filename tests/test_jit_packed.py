@@ -130,3 +130,30 @@ def test_matmul_packed_in_parts_rejects_what_does_not_match():
     with pytest.raises(ValueError, match="C-contiguous"):
         packed.matmul_packed_in_parts(np.ones((2, 6), np.float32)[:, ::2], packed.pack(b, False),
                                       np.empty((2, 5), np.float32))
+
+
+def test_packed_products_call_their_helpers_with_one_signature():
+    # no literal arguments (each pattern of literals compiles a callee again), and
+    # the packed panels passed to _product as the matrix that matmul passes
+    from numba import types
+
+    from tests.source_checks import compiled_calls, literal_calls
+    matrix, panels = types.float32[:, ::1], types.float32[:, :, ::1]
+    for function, args in [(packed.matmul, (matrix, matrix, matrix)),
+                           (packed.matmul_packed, (matrix, panels, matrix)),
+                           (packed._last_panel_product, (matrix, types.int64, types.int64, matrix, matrix,
+                                                          types.int64))]:
+        assert literal_calls(function, args) == [], function.py_func.__name__
+    columns = types.float32[:, :]  # a part's columns of out (parts of matmul_packed_in_parts)
+    products = {signature for function, args in [(packed.matmul, (matrix, matrix, matrix)),
+                                                      (packed.matmul_packed, (matrix, panels, matrix)),
+                                                      (packed.matmul_packed, (matrix, panels, columns))]
+                for callee, signature in compiled_calls(function, args) if callee is packed._product}
+    assert len(products) == 1, products
+    (product,) = products
+    tiles = {str(signature) for callee, signature in compiled_calls(packed._product, product.args)
+             if callee is packed._tile}
+    tiles |= {str(signature) for callee, signature in compiled_calls(
+        packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64))
+        if callee is packed._tile}
+    assert len(tiles) == 1, tiles

@@ -14,6 +14,7 @@ from numbackend.graph import toposort
 from numbackend.ops.scan import scan
 from numbackend.plan import BODIES
 from tests.finite_differences import numeric_gradient
+from tests.source_checks import compiled_calls, literal_calls, slice_assignments
 
 RNG = np.random.default_rng(7)
 B, T, I, U = 3, 5, 4, 6
@@ -798,6 +799,80 @@ def test_a_loop_without_products_runs_compiled(monkeypatch):
         want = want * 0.5 + xv[:, t]
     np.testing.assert_allclose(K.function([x, h0], [last])([xv, hv])[0], want, rtol=1e-12)
     assert len(loops) == 1 and not loops[0].has_packable
+
+
+def test_the_loop_stacks_its_outputs_without_slice_assignments(monkeypatch):
+    # copying.copy_into: a slice assignment compiles Numba's error path with
+    # string formatting, seconds of a cold process's first call
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_loop
+    loops, run = [], scan_loop.Loop.run
+
+    def spied(self, *args):
+        loops.append(self)
+        return run(self, *args)
+    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    x = K.placeholder((None, 7, U), dtype="float32")
+    h0 = K.placeholder((None, U), dtype="float32")
+
+    def step(x_t, states):
+        h = states[0] * 0.25 + x_t
+        return h * 2.0, [h]
+    _, outputs, _ = K.rnn(step, x, [h0])
+    xv = RNG.standard_normal((2, 7, U)).astype("float32")
+    hv = RNG.standard_normal((2, U)).astype("float32")
+    want, h = [], hv
+    for t in range(7):
+        h = h * np.float32(0.25) + xv[:, t]
+        want.append(h * 2)
+    np.testing.assert_allclose(K.function([x, h0], [outputs])([xv, hv])[0], np.stack(want, axis=1),
+                               rtol=1e-6)
+    assert len(loops) == 1 and slice_assignments(loops[0].source) == []
+
+
+def test_the_loop_and_its_kernels_call_library_code_without_literal_arguments(monkeypatch):
+    # Numba compiles a callee once more for each pattern of literal arguments:
+    # transposition flags and a kernel's constant width typed as literals
+    # compiled products and kernels again for compiled callers alone
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_loop
+    loops, run = [], scan_loop.Loop.run
+
+    def spied(self, *args):
+        loops.append(self)
+        return run(self, *args)
+    monkeypatch.setattr(scan_loop.Loop, "run", spied)
+    r = np.random.default_rng(3)
+    w_v = (r.standard_normal((I, 2 * U)) * 0.5).astype("float32")
+    u_v = (r.standard_normal((U, 2 * U)) * 0.4).astype("float32")
+    w, u = K.variable(w_v), K.variable(u_v)
+    x = K.placeholder((None, T, I), dtype="float32")
+    h0 = K.placeholder((None, U), dtype="float32")
+
+    def step(x_t, states):  # gates sliced from one product: a kernel of constant width
+        z = K.dot(x_t, w) + K.dot(states[0], u)
+        h = K.tanh(z[:, :U]) * K.sigmoid(z[:, U:])
+        return h, [h]
+    _, outputs, _ = K.rnn(step, x, [h0])
+    xv = RNG.standard_normal((B, T, I)).astype("float32")
+    hv = RNG.standard_normal((B, U)).astype("float32")
+    got = K.function([x, h0], [outputs])([xv, hv])[0]
+    h, want = hv.astype("float64"), []
+    for t in range(T):
+        z = xv[:, t] @ w_v.astype("float64") + h @ u_v.astype("float64")
+        h = np.tanh(z[:, :U]) / (1 + np.exp(-z[:, U:]))
+        want.append(h)
+    np.testing.assert_allclose(got, np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
+    (loop,) = {id(lp): lp for lp in loops}.values()
+    (signature,) = loop._function.signatures
+    assert literal_calls(loop._function, signature) == []
+    kernels = [(callee, sig) for callee, sig in compiled_calls(loop._function, signature)
+               if callee.py_func.__name__ == "run_serial"]
+    assert kernels
+    for callee, sig in kernels:
+        assert literal_calls(callee, sig.args) == []
 
 
 def _masked_rnn_step(w, u, keep, shift):

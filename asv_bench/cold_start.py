@@ -1,6 +1,6 @@
 """A new process's first prediction and the calls after it, as a new user meets them.
 
-    python asv_bench/cold_start.py [--calls N] [--models mlp,cnn,lstm] [--no-onnx]
+    python asv_bench/cold_start.py [--calls N] [--models mlp,cnn,lstm] [--no-onnx] [--installed]
 
 For each model (the W3 784-512-512-10 MLP written with K.*, Keras 2.2.5's
 mnist_cnn, and a Keras LSTM(128) over 100 steps of 32 features with a softmax
@@ -12,9 +12,10 @@ slowest later call.  Where ONNX Runtime is installed, the same MLP and CNN are
 saved as ONNX files and a new process imports onnxruntime, loads the file and
 predicts once, for the comparison.
 
-The library kernels (jit_kernels) are read from wherever the installed package
-keeps them: after ``python -m numbackend warmup`` an empty HOME compiles only
-the model's own kernels.
+The processes run this tree's numbackend (``--installed``: the one installed
+for this interpreter).  The library's kernels come from the package's seed
+where ``python -m numbackend warmup`` wrote one: an empty HOME then compiles
+only the model's own kernels.
 """
 import argparse
 import json
@@ -87,11 +88,14 @@ def run_child(source, args, env):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def numbackend_runs(model, calls):
+def numbackend_runs(model, calls, installed=False):
     """(empty caches, warm caches) results of two new processes sharing one HOME."""
     home = tempfile.mkdtemp(prefix="cold-start-home-")
-    env = dict(os.environ, HOME=home, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("NUMBACKEND_CACHE_DIR", None)
+    env = dict(os.environ, HOME=home)
+    if not installed:
+        env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
+    for name in ("NUMBACKEND_CACHE_DIR", "NUMBACKEND_CACHE_SEED", "NUMBACKEND_PACKAGE_SEED"):
+        env.pop(name, None)
     env.pop("XDG_CACHE_HOME", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return [run_child(CHILD, [model, str(calls)], env) for _ in range(2)]
@@ -143,6 +147,7 @@ def main():
     parser.add_argument("--calls", type=int, default=15)
     parser.add_argument("--models", default="mlp,cnn,lstm")
     parser.add_argument("--no-onnx", action="store_true")
+    parser.add_argument("--installed", action="store_true")
     args = parser.parse_args()
     onnx = {}
     if not args.no_onnx:
@@ -151,7 +156,7 @@ def main():
         except ImportError as error:
             print(f"(no ONNX Runtime comparison: {error})")
     for model in args.models.split(","):
-        for label, result in zip(("empty caches", "warm caches"), numbackend_runs(model, args.calls)):
+        for label, result in zip(("empty caches", "warm caches"), numbackend_runs(model, args.calls, args.installed)):
             calls = result["calls"]
             later = max(calls[1:]) if len(calls) > 1 else float("nan")
             slowest = 2 + calls[1:].index(later) if len(calls) > 1 else 0

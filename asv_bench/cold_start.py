@@ -1,6 +1,7 @@
 """A new process's first prediction and the calls after it, as a new user meets them.
 
     python asv_bench/cold_start.py [--calls N] [--models mlp,cnn,lstm] [--no-onnx] [--installed]
+        [--cold-library]
 
 For each model (the W3 784-512-512-10 MLP written with K.*, Keras 2.2.5's
 mnist_cnn, and a Keras LSTM(128) over 100 steps of 32 features with a softmax
@@ -15,7 +16,8 @@ predicts once, for the comparison.
 The processes run this tree's numbackend (``--installed``: the one installed
 for this interpreter).  The library's kernels come from the package's seed
 where ``python -m numbackend warmup`` wrote one: an empty HOME then compiles
-only the model's own kernels.
+only the model's own kernels (``--cold-library``: the seed is left unread, and
+the library's kernels compile too).
 """
 import argparse
 import json
@@ -81,14 +83,15 @@ print(json.dumps({"to_first": time.perf_counter() - start}))
 
 
 def run_child(source, args, env):
+    # from a folder of its own: ``python -c`` puts the working folder first on sys.path
     out = subprocess.run([sys.executable, "-c", source, *args], env=env, capture_output=True, text=True,
-                         check=False)
+                         check=False, cwd=tempfile.mkdtemp(prefix="cold-start-cwd-"))
     if out.returncode != 0:
         raise RuntimeError(f"cold_start: the child failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def numbackend_runs(model, calls, installed=False):
+def numbackend_runs(model, calls, installed=False, cold_library=False):
     """(empty caches, warm caches) results of two new processes sharing one HOME."""
     home = tempfile.mkdtemp(prefix="cold-start-home-")
     env = dict(os.environ, HOME=home)
@@ -96,6 +99,8 @@ def numbackend_runs(model, calls, installed=False):
         env["PYTHONPATH"] = ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")
     for name in ("NUMBACKEND_CACHE_DIR", "NUMBACKEND_CACHE_SEED", "NUMBACKEND_PACKAGE_SEED"):
         env.pop(name, None)
+    if cold_library:
+        env["NUMBACKEND_PACKAGE_SEED"] = "0"
     env.pop("XDG_CACHE_HOME", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     return [run_child(CHILD, [model, str(calls)], env) for _ in range(2)]
@@ -148,6 +153,7 @@ def main():
     parser.add_argument("--models", default="mlp,cnn,lstm")
     parser.add_argument("--no-onnx", action="store_true")
     parser.add_argument("--installed", action="store_true")
+    parser.add_argument("--cold-library", action="store_true")
     args = parser.parse_args()
     onnx = {}
     if not args.no_onnx:
@@ -156,7 +162,7 @@ def main():
         except ImportError as error:
             print(f"(no ONNX Runtime comparison: {error})")
     for model in args.models.split(","):
-        for label, result in zip(("empty caches", "warm caches"), numbackend_runs(model, args.calls, args.installed)):
+        for label, result in zip(("empty caches", "warm caches"), numbackend_runs(model, args.calls, args.installed, args.cold_library)):
             calls = result["calls"]
             later = max(calls[1:]) if len(calls) > 1 else float("nan")
             slowest = 2 + calls[1:].index(later) if len(calls) > 1 else 0

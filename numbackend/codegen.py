@@ -27,11 +27,9 @@ only when its bytes are the source's, and the module always runs from the
 source in hand (see :func:`load_kernel`).
 """
 import collections
-import contextlib
 import hashlib
 import os
 import sys
-import tempfile
 import threading
 import types
 import warnings
@@ -524,8 +522,9 @@ def _cached_file(key, source):
     path = os.path.join(folder, f"k_{key}.py")
     if _holds(path, data):
         return path
+    from jit_kernels.compiling import write_atomically  # the same writes as compiled code's
     try:
-        _write_atomically(path, data)
+        write_atomically(path, data)
     except OSError as error:
         _warn_once(folder, f"numbackend: cannot write to the kernel cache folder {folder} "
                            f"({error}); computing without the cache")
@@ -551,24 +550,6 @@ def _holds(path, data):
             return f.read(len(data) + 1) == data
     except OSError:
         return False
-
-
-def _write_atomically(path, data):
-    """Write the bytes ``data`` to ``path`` through a new temporary file in its folder,
-    renamed over it: a concurrent reader sees the whole file or none, concurrent
-    writers each have their own temporary file, and a failure leaves none."""
-    from jit_kernels.compiling import entry_mode
-    descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path),
-                                             prefix=f"{os.path.basename(path)}.", suffix=".tmp")
-    try:
-        os.fchmod(descriptor, entry_mode())
-        with open(descriptor, "wb") as f:
-            f.write(data)
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(temporary)
-        raise
 
 
 def loaded_kernel(key):

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import textwrap
 import weakref
 
@@ -246,7 +247,7 @@ def test_cache_dir_falls_back_when_unwritable(tmp_path, monkeypatch):
     try:
         if os.access(ro, os.W_OK):
             pytest.skip("running as a user who can write anywhere")
-        assert codegen.cache_dir().startswith(os.path.realpath(os.path.dirname(codegen.tempfile.gettempdir())))
+        assert codegen.cache_dir().startswith(os.path.realpath(os.path.dirname(tempfile.gettempdir())))
     finally:
         ro.chmod(0o700)
 

@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import uuid
@@ -220,7 +221,7 @@ def temporary_folder(tmp_path, monkeypatch):
     NUMBACKEND_CACHE_DIR naming a folder that cannot be created (under a file)."""
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    monkeypatch.setattr(codegen.tempfile, "tempdir", str(temporary))
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
     (tmp_path / "a-file").write_text("")
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path / "a-file" / "cache"))
     return temporary
@@ -282,7 +283,7 @@ def test_a_configured_folder_others_can_write_is_not_used(tmp_path, monkeypatch,
     # Numba loads pickles from the compiled-code folder: whoever can write there
     # runs code in this process
     from jit_kernels import compiling
-    monkeypatch.setattr(codegen.tempfile, "tempdir", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path / "cache"))
 
@@ -312,7 +313,8 @@ def open_on_a_full_disk(file, mode="r", *args, **kwargs):
 
 def test_a_kernel_module_that_cannot_be_written_is_run_from_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(codegen, "open", open_on_a_full_disk, raising=False)
+    from jit_kernels import compiling
+    monkeypatch.setattr(compiling, "open", open_on_a_full_disk, raising=False)  # its writes
     source = unique_kernel_source()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -329,8 +331,12 @@ def test_compiled_code_that_cannot_be_saved_is_used_unsaved(tmp_path, monkeypatc
     from jit_kernels import compiling
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
 
-    def save_on_a_full_disk(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    write = compiling.write_atomically
+
+    def save_on_a_full_disk(path, data):  # kernel modules are written, compiled code is not
+        if not path.endswith(".py"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, data)
 
     monkeypatch.setattr(compiling, "write_atomically", save_on_a_full_disk)
     module = codegen.load_kernel(unique_kernel_source())
@@ -358,8 +364,12 @@ FULL_DISK = textwrap.dedent("""
         opened.close()
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    def write_on_a_full_disk(path, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    write = compiling.write_atomically
+
+    def write_on_a_full_disk(path, data):  # "numba": kernel modules are written
+        if sys.argv[1] == "all" or not path.endswith(".py"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(path, data)
 
     compiling.write_atomically = write_on_a_full_disk
     if sys.argv[1] == "all":

@@ -113,27 +113,9 @@ def onnx_files():
     import compare_peers
     import onnx
     from benchmarks.common import cnn_weights
-    from onnx import TensorProto, helper, numpy_helper
-    mlp = compare_peers.workloads()[3]
-    n = helper.make_node
-    vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-    nodes, inits, h = [], [], "x"
-    for i, (w, b) in enumerate(mlp):
-        nodes += [n("MatMul", [h, f"w{i}"], [f"m{i}"]), n("Add", [f"m{i}", f"b{i}"], [f"z{i}"]),
-                  n("Relu" if i < 2 else "Softmax", [f"z{i}"], [f"h{i}"])]
-        inits += [(f"w{i}", w), (f"b{i}", b)]
-        h = f"h{i}"
-    graphs = {"mlp": (nodes, [vi("x", ["n", 784])], [vi(h, ["n", 10])], inits, [1, 784])}
-    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_weights()
-    nodes = [n("Conv", ["x", "k1", "c1"], ["h1"]), n("Relu", ["h1"], ["r1"]),
-             n("Conv", ["r1", "k2", "c2"], ["h2"]), n("Relu", ["h2"], ["r2"]),
-             n("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-             n("Transpose", ["p"], ["pt"], perm=[0, 2, 3, 1]), n("Flatten", ["pt"], ["f"]),
-             n("Gemm", ["f", "w3", "b3"], ["d"]), n("Relu", ["d"], ["dr"]),
-             n("Gemm", ["dr", "w4", "b4"], ["z"]), n("Softmax", ["z"], ["y"], axis=-1)]
-    inits = [("k1", k1.transpose(3, 2, 0, 1).copy()), ("c1", c1), ("k2", k2.transpose(3, 2, 0, 1).copy()),
-             ("c2", c2), ("w3", w3), ("b3", b3), ("w4", w4), ("b4", b4)]
-    graphs["cnn"] = (nodes, [vi("x", ["n", 1, 28, 28])], [vi("y", ["n", 10])], inits, [1, 1, 28, 28])
+    from onnx import helper, numpy_helper
+    graphs = {"mlp": (*compare_peers.onnx_mlp_graph(compare_peers.workloads()[3]), [1, 784]),
+              "cnn": (*compare_peers.onnx_cnn_graph(cnn_weights()), [1, 1, 28, 28])}
     folder = tempfile.mkdtemp(prefix="cold-start-onnx-")
     files = {}
     for name, (nodes, inputs, outputs, inits, shape) in graphs.items():

@@ -136,13 +136,7 @@ def onnx_fns(w1, w2a, w2b, mlp):
     s2a = session([n("Softmax", ["x"], ["y"], axis=-1)], [vi("x", ["n", 1000])], [vi("y", ["n", 1000])])
     s2b = session([n("MatMul", ["x", "w"], ["xw"]), n("Add", ["xw", "b"], ["z"]), n("Relu", ["z"], ["y"])],
                   [vi("x", ["n", 1024])], [vi("y", ["n", 1024])], [("w", w2b[1]), ("b", w2b[2])])
-    nodes, inits, h = [], [], "x"
-    for i, (w, b) in enumerate(mlp):
-        nodes += [n("MatMul", [h, f"w{i}"], [f"m{i}"]), n("Add", [f"m{i}", f"b{i}"], [f"z{i}"])]
-        nodes.append(n("Relu" if i < 2 else "Softmax", [f"z{i}"], [f"h{i}"]))
-        inits += [(f"w{i}", w), (f"b{i}", b)]
-        h = f"h{i}"
-    s3 = session(nodes, [vi("x", ["n", 784])], [vi(h, ["n", 10])], inits)
+    s3 = session(*onnx_mlp_graph(mlp))
     a, b, c = w1
     return {"W1": lambda: s1.run(None, {"a": a, "b": b, "c": c}), "W2a": lambda: s2a.run(None, {"x": w2a}),
             "W2b": lambda: s2b.run(None, {"x": w2b[0]}), "W3": lambda x: s3.run(None, {"x": x})}
@@ -265,12 +259,26 @@ def _jax_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
             "W5 LSTM": lambda: lstm(lstm_x).block_until_ready()}
 
 
-def _onnx_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
-    import onnxruntime  # noqa: F401 - fail here, before the model is built, when missing
+def onnx_mlp_graph(mlp):
+    """(nodes, inputs, outputs, initialisers) of the W3 MLP as an ONNX graph."""
+    from onnx import TensorProto, helper
+    n = helper.make_node
+    nodes, inits, h = [], [], "x"
+    for i, (w, b) in enumerate(mlp):
+        nodes += [n("MatMul", [h, f"w{i}"], [f"m{i}"]), n("Add", [f"m{i}", f"b{i}"], [f"z{i}"])]
+        nodes.append(n("Relu" if i < 2 else "Softmax", [f"z{i}"], [f"h{i}"]))
+        inits += [(f"w{i}", w), (f"b{i}", b)]
+        h = f"h{i}"
+    return (nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 784])],
+            [helper.make_tensor_value_info(h, TensorProto.FLOAT, ["n", 10])], inits)
+
+
+def onnx_cnn_graph(cnn_w):
+    """(nodes, inputs, outputs, initialisers) of the W4 CNN as an ONNX graph: NCHW, as a
+    converted model takes it; the flatten goes back to Keras's NHWC order."""
     from onnx import TensorProto, helper
     n = helper.make_node
     (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_w
-    # NCHW, as a converted model takes it; the flatten goes back to Keras's NHWC order.
     nodes = [n("Conv", ["x", "k1", "c1"], ["h1"]), n("Relu", ["h1"], ["r1"]),
              n("Conv", ["r1", "k2", "c2"], ["h2"]), n("Relu", ["h2"], ["r2"]),
              n("MaxPool", ["r2"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
@@ -279,8 +287,16 @@ def _onnx_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
              n("Gemm", ["dr", "w4", "b4"], ["z"]), n("Softmax", ["z"], ["y"], axis=-1)]
     inits = [("k1", k1.transpose(3, 2, 0, 1).copy()), ("c1", c1), ("k2", k2.transpose(3, 2, 0, 1).copy()),
              ("c2", c2), ("w3", w3), ("b3", b3), ("w4", w4), ("b4", b4)]
+    return (nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, 28, 28])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])], inits)
+
+
+def _onnx_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
+    import onnxruntime  # noqa: F401 - fail here, before the model is built, when missing
+    from onnx import TensorProto, helper
+    n = helper.make_node
     vi = lambda name, shape: helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
-    cnn = _onnx_session(nodes, [vi("x", ["n", 1, 28, 28])], [vi("y", ["n", 10])], inits)
+    cnn = _onnx_session(*onnx_cnn_graph(cnn_w))
     nchw = {b: cnn_x[b].transpose(0, 3, 1, 2).copy() for b in cnn_x}
 
     kernel, recurrent, bias = lstm_w

@@ -23,6 +23,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+# Each tier is timed as it runs once compiled: a later tier compiling on the
+# background worker during the timed calls would time the plan beside a compile
+# (a server warms up first: Function.warmup).
+os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
+
 F32 = np.float32
 THREADS = int(os.environ.get("COMPARE_THREADS", "2"))
 

@@ -5,7 +5,6 @@ import functools
 import os
 import sys
 import threading
-import warnings
 
 import numpy as np
 
@@ -275,9 +274,8 @@ class _PlanRunner:
         self.plan = plan
         self.small_calls = 0
         self.one_call = None  # compiled_plan.Call once compiled; False where it cannot be
-        self._compiling = None  # the compile of one_call (numbackend.tiers), once started
-        self._start_lock = threading.Lock()
-        self.failure = None  # why one_call did not compile, where it did not
+        self._compiling = tiers.Later("the whole call", "function: the plan did not compile as "
+                                      "one call, so it runs from Python")
 
     def run(self, arrays):
         """The targets' values: from the plan compiled as one call where it serves,
@@ -301,26 +299,12 @@ class _PlanRunner:
         self.small_calls += 1
         if self.small_calls < tuning.ONE_CALL_AFTER and not tiers.warming():
             return None
-        job = self._compiling
-        if job is None:
-            with self._start_lock:  # one compile, whichever thread comes first
-                job = self._compiling
-                if job is None:
-                    job = self._compiling = tiers.submit(
-                        "the whole call", functools.partial(
-                            _compile_whole_call, self.plan.program, argument_types(arrays)))
-        if not job.done:
-            if not tiers.warming():
-                return None
-            job.wait()
-        if job.error is not None:
-            if self.one_call is None:
-                self.failure = f"{type(job.error).__name__}: {str(job.error)[:200]}"
-                warnings.warn("function: the plan did not compile as one call, so it runs from "
-                              f"Python ({self.failure})", stacklevel=5)
-            self.one_call = False
+        if not self._compiling.ready(lambda: functools.partial(
+                _compile_whole_call, self.plan.program, argument_types(arrays))):
+            if self._compiling.failure is not None:
+                self.one_call = False
             return None
-        self.one_call = job.result or False
+        self.one_call = self._compiling.result or False
         return self.one_call.run(*arrays) if self.one_call else None
 
     def explain(self):
@@ -329,10 +313,10 @@ class _PlanRunner:
         if self.one_call:
             text += (f"\n     (inputs of at most {tuning.ONE_CALL_MAX_ELEMENTS} elements: "
                      "these steps run as one compiled call)")
-        elif self._compiling is not None and not self._compiling.done:
+        elif self._compiling.compiling:
             text += "\n     (these steps compiling as one call, in the background)"
-        elif self.failure is not None:
-            text += f"\n     (these steps did not compile as one call: {self.failure})"
+        elif self._compiling.failure is not None:
+            text += f"\n     (these steps did not compile as one call: {self._compiling.failure})"
         return text
 
 

@@ -18,7 +18,6 @@ them at every step, and a batch's small product gains little from a second
 thread (jit_kernels/blas.py).
 """
 import functools
-import threading
 import warnings
 
 import numpy as np
@@ -51,9 +50,9 @@ class Loop:
         self.product_columns = product_columns  # of all the step's products, per row
         self._function = None
         self._compiles = True
-        self._job = None  # its compile (numbackend.tiers), once started
-        self._start_lock = threading.Lock()
-        self.failure = None  # why it did not compile, where it did not
+        self._job = tiers.Later(f"{where}: the loop over time",
+                                f"{where}: the loop over time did not compile, so it runs a "
+                                "step at a time from Python")
 
     def run(self, first, steps, reverse, seqs, states, invariants, stacked):
         """Steps first..steps-1 (see the class); None where they must run from
@@ -85,40 +84,28 @@ class Loop:
 
     def state(self):
         """The loop's tier in words: compiling, compiled, or why it did not compile."""
-        if self.failure is not None or not self._compiles:
-            return f"did not compile: {self.failure}"
-        if self._function is not None or (self._job is not None and self._job.done):
+        if self._job.failure is not None or not self._compiles:
+            return f"did not compile: {self._job.failure}"
+        if self._function is not None or (self._job.started and not self._job.compiling):
             return "compiled"
-        return "not compiled yet" if self._job is None else "compiling in the background"
+        return "not compiled yet" if not self._job.started else "compiling in the background"
 
     def _compiled(self, first, steps, reverse, seqs, states, invariants, stacked):
         """Whether the loop's function is compiled: its compile is started where it
         is not, for the types of these arguments, and waited for only inside
         tiers.warming_up (or where it runs in this thread)."""
-        job = self._job
-        if job is None:
-            with self._start_lock:  # one compile, whichever thread comes first
-                job = self._job
-                if job is None:
-                    # the arguments of an unsplit run (a split one passes the same types)
-                    arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
-                    types = compiled_plan.argument_types(
-                        (first, steps, steps, reverse, 0, _ALL_ROWS, False, False, *arrays,
-                         *self.constants, *stacked))
-                    job = self._job = tiers.submit(f"{self.where}: the loop over time",
-                                                   functools.partial(self._compile, types))
-        if not job.done:
-            if not tiers.warming():
-                return False
-            job.wait()
-        if job.error is not None:
-            if self._compiles:
+        def work():  # for the arguments of an unsplit run (a split one passes the same types)
+            arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
+            types = compiled_plan.argument_types(
+                (first, steps, steps, reverse, 0, _ALL_ROWS, False, False, *arrays,
+                 *self.constants, *stacked))
+            return functools.partial(self._compile, types)
+
+        if not self._job.ready(work):
+            if self._job.failure is not None:
                 self._compiles = False
-                self.failure = f"{type(job.error).__name__}: {str(job.error)[:200]}"
-                warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
-                              f"step at a time from Python ({self.failure})", stacklevel=5)
             return False
-        self._function = job.result
+        self._function = self._job.result
         return True
 
     def _compile(self, argument_types):

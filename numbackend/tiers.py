@@ -23,6 +23,7 @@ import contextlib
 import os
 import queue
 import threading
+import warnings
 
 from . import tuning
 
@@ -59,6 +60,63 @@ class Job:
             self.error = exc
         self.work = None
         self._finished.set()
+
+
+class Later:
+    """A later tier of one owner (a function's whole call, a scan's loop over
+    time): compiled once, as a :class:`Job`, by the first call that finds it
+    due, while the owner goes on with its current tier.  ``warning`` says what
+    runs where the compile fails."""
+
+    def __init__(self, what, warning):
+        self.what = what
+        self.warning = warning
+        self.failure = None  # why it did not compile, where it did not
+        self._job = None
+        self._start_lock = threading.Lock()
+
+    def ready(self, work):
+        """Whether the tier has compiled (its value is then :attr:`result`): the
+        first call submits ``work()`` (a function making the compile's work, so
+        that only the first call pays for it); waited for only inside
+        :func:`warming_up`; False while it compiles, and where it failed (warned
+        once, the reason in :attr:`failure`)."""
+        job = self._job
+        if job is None:
+            with self._start_lock:  # one compile, whichever thread comes first
+                job = self._job
+                if job is None:
+                    job = self._job = submit(self.what, work())
+        if not job.done:
+            if not warming():
+                return False
+            job.wait()
+        if job.error is not None:
+            if self.failure is None:
+                self.failure = f"{type(job.error).__name__}: {str(job.error)[:200]}"
+                warnings.warn(f"{self.warning} ({self.failure})", stacklevel=6)
+            return False
+        return True
+
+    @property
+    def result(self):
+        return self._job.result
+
+    @property
+    def started(self):
+        return self._job is not None
+
+    @property
+    def compiling(self):
+        return self._job is not None and not self._job.done
+
+    @property
+    def error(self):
+        return None if self._job is None else self._job.error
+
+    def wait(self, timeout=None):
+        """Wait until the compile ran (at most ``timeout`` seconds); whether it did."""
+        return self._job is not None and self._job.wait(timeout)
 
 
 _local = threading.local()

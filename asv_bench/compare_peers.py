@@ -1,35 +1,55 @@
 """Time the workloads of PERFORMANCE.md with numbackend, NumPy and, when installed,
-JAX and ONNX Runtime, all in one run, and print each time with its ratio to ours.
+JAX, ONNX Runtime and torch, all in one run, and print each time with its ratio to ours.
 
     python asv_bench/compare_peers.py [--quick] [--no-startup] [--no-models] [--busy-core]
+                                      [--threads N] [--pin] [--scaling [COUNTS]]
 
-The models (W4, W5, W6) are compared with JAX, ONNX Runtime and torch where
-they are installed; each system's result is first checked against ours.
+Each system's result is first checked against ours.  The models (W4, W5, W6)
+are compared with JAX, ONNX Runtime and torch where they are installed (torch:
+W4 and W6; its LSTM has sigmoid gates where Keras's has hard-sigmoid ones).
 ``--busy-core`` times everything beside a process that keeps the last CPU
 this one may use busy, as a co-tenant on a shared machine would.
 
-Pin it for figures comparable with PERFORMANCE.md's 2-core machine, e.g.
-``taskset -c 0,1 python asv_bench/compare_peers.py``.  Absolute times move
-between runs on shared machines: quote the ratios.
+``--threads N`` holds every library to N threads: numbackend, OpenBLAS, MKL,
+OpenMP and Numba through their environment variables, ONNX Runtime's
+intra-op threads, torch.set_num_threads, and JAX on the CPU (XLA sizes its
+pool by the CPUs the process may use, so only ``--pin`` holds it to N; with
+N = 1 its flags turn its threads off).  The variables are read when the
+libraries load, so the script starts itself again with them set.  ``--pin``
+holds the process to the first N CPUs it may use (N: ``--threads``, else 2).
+``--scaling 1,2,4,8,16`` (the default list) runs each count in a new process
+with ``--threads`` (and ``--pin`` where given), skips the counts above the
+CPUs this process may use, and then prints one table: per workload, our time
+and speed-up against the lowest count, and each peer's time over ours.
+
+Pin it for figures comparable with PERFORMANCE.md's 2-core machine
+(``--threads 2 --pin``).  Absolute times move between runs on shared
+machines: quote the ratios.
 """
+import argparse
 import contextlib
 import itertools
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-# Each tier is timed as it runs once compiled: a later tier compiling on the
-# background worker during the timed calls would time the plan beside a compile
-# (a server warms up first: Function.warmup).
-os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
-
 F32 = np.float32
+# the thread count of ONNX Runtime and torch (--threads sets it)
 THREADS = int(os.environ.get("COMPARE_THREADS", "2"))
+SCALING_COUNTS = (1, 2, 4, 8, 16)
+MAX_THREADS = 64
+# the environment variables that hold a library's thread pool to a count
+THREAD_VARIABLES = ("NUMBACKEND_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "MKL_NUM_THREADS", "NUMBA_NUM_THREADS", "COMPARE_THREADS")
+# XLA's flags that run its CPU code on the calling thread alone
+XLA_ONE_THREAD = ("--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1")
 
 
 def median_times(calls, seconds, rounds=5):
@@ -147,6 +167,30 @@ def onnx_fns(w1, w2a, w2b, mlp):
             "W2b": lambda: s2b.run(None, {"x": w2b[0]}), "W3": lambda x: s3.run(None, {"x": x})}
 
 
+def torch_fns(w1, w2a, w2b, mlp):
+    import torch
+    torch.set_num_threads(THREADS)
+    a, b, c = (torch.from_numpy(v) for v in w1)
+    x2a = torch.from_numpy(w2a)
+    x2b, w2, b2 = (torch.from_numpy(v) for v in w2b)
+    params = [(torch.from_numpy(w), torch.from_numpy(bias)) for w, bias in mlp]
+
+    @torch.inference_mode()
+    def f1():
+        return torch.tanh(a * b + c) * torch.sigmoid(a - c) + 0.5 * b * b
+
+    @torch.inference_mode()
+    def f3(x):
+        h = torch.from_numpy(x)
+        for i, (w, bias) in enumerate(params):
+            h = torch.addmm(bias, h, w)
+            h = torch.relu(h) if i < 2 else torch.softmax(h, dim=-1)
+        return h
+
+    return {"W1": f1, "W2a": torch.inference_mode()(lambda: torch.softmax(x2a, dim=-1)),
+            "W2b": torch.inference_mode()(lambda: torch.relu(torch.addmm(b2, x2b, w2))), "W3": f3}
+
+
 def _cell(t, ours):
     shown = f"{t * 1e6:.1f} us" if t < 1e-3 else f"{t * 1e3:.3f} ms"
     return f"{shown} ({t / ours:4.2f}x)"
@@ -188,6 +232,26 @@ def jax_train(mlp):
     def run(xy):
         loss, state["params"] = step(state["params"], *xy)
         loss.block_until_ready()
+    return run
+
+
+def torch_train(mlp):
+    import torch
+    from benchmarks.bench_training import LEARNING_RATE
+    torch.set_num_threads(THREADS)
+    params = [torch.tensor(v, requires_grad=True) for wb in mlp for v in wb]
+
+    def run(xy):
+        x, y = (torch.from_numpy(v) for v in xy)
+        h = x
+        for i in range(0, len(params), 2):
+            h = torch.addmm(params[i + 1], h, params[i])
+            h = torch.relu(h) if i < len(params) - 2 else h
+        loss = -(y * torch.log_softmax(h, dim=-1)).sum(dim=-1).mean()
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p -= LEARNING_RATE * g
     return run
 
 
@@ -356,14 +420,36 @@ def _torch_models(cnn_w, cnn_x, lstm_w, lstm_x, ctc):
         loss.backward()
         return y.grad.numpy()
 
-    return {"W6 CTC": ctc_call}
+    functional = torch.nn.functional
+    (k1, c1), (k2, c2), (w3, b3), (w4, b4) = cnn_w
+    # the kernels in torch's (out, in, height, width) order, from Keras's (height, width, in, out)
+    kernels = [torch.from_numpy(k.transpose(3, 2, 0, 1).copy()) for k in (k1, k2)]
+    c1, c2, w3, b3, w4, b4 = (torch.from_numpy(v) for v in (c1, c2, w3, b3, w4, b4))
+    nchw = {b: torch.from_numpy(cnn_x[b].transpose(0, 3, 1, 2).copy()) for b in cnn_x}
+
+    @torch.inference_mode()
+    def cnn(x):
+        h = torch.relu(functional.conv2d(x, kernels[0], c1))
+        h = torch.relu(functional.conv2d(h, kernels[1], c2))
+        h = functional.max_pool2d(h, 2)
+        h = h.permute(0, 2, 3, 1).reshape(h.shape[0], -1)  # flattened in Keras's NHWC order
+        h = torch.relu(torch.addmm(b3, h, w3))
+        return torch.softmax(torch.addmm(b4, h, w4), dim=-1)
+
+    return {"W4 batch 1": lambda: cnn(nchw[1]), "W4 batch 64": lambda: cnn(nchw[64]),
+            "W6 CTC": ctc_call}
+
+
+def _result(value):
+    """A call's result as an array: ONNX Runtime's and numbackend's come in a list."""
+    return np.asarray(value[0] if isinstance(value, list) else value)
 
 
 def _check_same(label, calls):
     """Every system must compute numbackend's numbers, or its time means nothing."""
-    ours = np.asarray(calls["numbackend"]())
+    ours = _result(calls["numbackend"]())
     for name, call in calls.items():
-        theirs = np.asarray(call())
+        theirs = _result(call())
         scale = np.abs(ours).max()
         if theirs.shape != ours.shape or not np.allclose(theirs, ours, rtol=1e-3, atol=1e-4 * scale):
             raise AssertionError(f"{label}: {name} computes other numbers than numbackend")
@@ -383,25 +469,129 @@ def busy_core():
         spinner.wait()
 
 
+def thread_count(text):
+    """A thread count of the command line: a whole number from 1 to MAX_THREADS."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"a thread count is a whole number from 1 to {MAX_THREADS}, "
+                                         f"got {text!r}")
+    return count
+
+
+def thread_counts(text):
+    """The thread counts of ``--scaling``: whole numbers separated by commas, sorted."""
+    return sorted({thread_count(part) for part in text.split(",")})
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    parser.add_argument("--quick", action="store_true", help="time each workload 0.5 s instead of 2 s")
+    parser.add_argument("--no-startup", action="store_true", help="leave out W8, a new process's start")
+    parser.add_argument("--no-models", action="store_true", help="leave out W4, W5 and W6")
+    parser.add_argument("--busy-core", action="store_true",
+                        help="keep the last CPU this process may use busy with another process")
+    parser.add_argument("--threads", type=thread_count, metavar="N",
+                        help="hold every library to N threads")
+    parser.add_argument("--pin", action="store_true",
+                        help="run on the first N CPUs this process may use (N: --threads, else 2)")
+    parser.add_argument("--scaling", nargs="?", type=thread_counts, metavar="COUNTS",
+                        const=list(SCALING_COUNTS),
+                        help="run each thread count (default 1,2,4,8,16) in a new process and "
+                             "print a table of them")
+    # where a --scaling run's process writes its times, as JSON
+    parser.add_argument("--results", metavar="PATH", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.scaling and args.threads is not None:
+        parser.error("--scaling runs its own thread counts: leave --threads out")
+    return args
+
+
+def thread_environment(count, environ):
+    """The variables to set in ``environ`` (a mapping like os.environ) for every
+    library to run on ``count`` threads; XLA_FLAGS keeps the other flags it has."""
+    env = {name: str(count) for name in THREAD_VARIABLES}
+    env["JAX_PLATFORMS"] = "cpu"
+    flags = [flag for flag in environ.get("XLA_FLAGS", "").split()
+             if flag.split("=")[0] not in {f.split("=")[0] for f in XLA_ONE_THREAD}]
+    env["XLA_FLAGS"] = " ".join(flags + (list(XLA_ONE_THREAD) if count == 1 else []))
+    return env
+
+
+def first_cpus(count, allowed):
+    """The first ``count`` of the CPUs ``allowed``, for --pin."""
+    allowed = sorted(allowed)
+    if count > len(allowed):
+        raise ValueError(f"compare_peers: --pin: {count} threads, but this process may use only "
+                         f"{len(allowed)} CPUs ({allowed})")
+    return allowed[:count]
+
+
+def scaling_counts(counts, cpus):
+    """(the thread counts of ``counts`` to run, those skipped) on ``cpus`` CPUs."""
+    return [n for n in counts if n <= cpus], [n for n in counts if n > cpus]
+
+
+def machine():
+    """The CPU's model name and whether it has AVX-512, from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return "an unknown CPU"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines()
+                  if line.startswith("model name")), "an unknown CPU")
+    return f"{model}, {'AVX-512' if ' avx512f' in info else 'no AVX-512'}"
+
+
 def main():
-    if "--busy-core" in sys.argv:
+    args = parse_args(sys.argv[1:])
+    # Each tier is timed as it runs once compiled: a later tier compiling on the
+    # background worker during the timed calls would time the plan beside a compile
+    # (a server warms up first: Function.warmup).
+    os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
+    if args.scaling:
+        scaling(args)
+        return
+    if args.pin:
+        os.sched_setaffinity(0, first_cpus(args.threads or THREADS, os.sched_getaffinity(0)))
+    if args.threads is not None:
+        env = thread_environment(args.threads, os.environ)
+        if any(os.environ.get(name) != value for name, value in env.items()):
+            # NumPy, and with it OpenBLAS, is loaded already: start again with them set
+            os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *sys.argv[1:]],
+                      {**os.environ, **env})
+    cpus = sorted(os.sched_getaffinity(0))
+    print(f"# {machine()}; this process {'is pinned to' if args.pin else 'may use'} CPUs {cpus}; "
+          f"threads: numbackend {os.environ.get('NUMBACKEND_NUM_THREADS', 'one per CPU')}, "
+          f"ONNX Runtime and torch {THREADS}, JAX one per CPU"
+          + (" (XLA's threads off)" if args.threads == 1 else ""), flush=True)
+    if args.busy_core:
         with busy_core() as cpu:
             print(f"# a process keeps CPU {cpu} busy throughout")
-            compare()
+            results = compare(args)
     else:
-        compare()
+        results = compare(args)
+    if args.results:
+        with open(args.results, "w") as f:
+            json.dump(results, f)
 
 
-def compare():
-    seconds = 0.5 if "--quick" in sys.argv else 2.0
+def compare(args):
+    """Times every workload and prints them; {workload: {system: median time in s}}."""
+    seconds = 0.5 if args.quick else 2.0
     w1, w2a, w2b, mlp, mlp_inputs = workloads()
-    systems = {"numbackend": numbackend_fns, "numpy": numpy_fns, "jax": jax_fns, "onnxruntime": onnx_fns}
+    systems = {"numbackend": numbackend_fns, "numpy": numpy_fns, "jax": jax_fns, "onnxruntime": onnx_fns,
+               "torch": torch_fns}
     fns = {}
     for name, build in systems.items():
         try:
             fns[name] = build(w1, w2a, w2b, mlp)
         except ImportError as exc:
             print(f"# {name}: not installed ({exc.name})")
+    results = {}
     cases = [("W1", None), ("W2a", None), ("W2b", None), ("W3a batch 1", 1), ("W3b batch 256", 256)]
     print(f"{'workload':16s}" + "".join(f"{name:>22s}" for name in fns))
     for label, batch in cases:
@@ -411,25 +601,81 @@ def compare():
         for name, table in fns.items():
             fn = table["W3"] if batch else table[key]
             calls[name] = (lambda fn=fn, x=x: fn(x)) if batch else fn
-        times = median_times(calls, seconds)
+        _check_same(label, calls)
+        times = results[label] = median_times(calls, seconds)
         print(f"{label:16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()),
               flush=True)
     from benchmarks.bench_training import w7_batch
     xy = w7_batch()
-    train = {"numbackend": numbackend_train, "numpy": numpy_train, "jax": jax_train}
+    train = {"numbackend": numbackend_train, "numpy": numpy_train, "jax": jax_train, "torch": torch_train}
     steps = {name: build(mlp) for name, build in train.items() if name in fns}
     calls = {name: (lambda step=step: step(xy)) for name, step in steps.items()}
-    times = median_times(calls, seconds)
+    times = results["W7 train step"] = median_times(calls, seconds)
     print(f"{'W7 train step':16s}" + "".join(f"{_cell(t, times['numbackend']):>22s}" for t in times.values()))
-    if "--no-models" not in sys.argv:
+    if not args.no_models:
         for label, calls in model_workloads().items():
             _check_same(label, calls)
-            times = median_times(calls, seconds)
+            times = results[label] = median_times(calls, seconds)
             print(f"{label:16s}" + "".join(f"{name}: {_cell(t, times['numbackend'])}  "
                                             for name, t in times.items()), flush=True)
     print("(each cell: median time (time / numbackend's time); above 1.00x is slower than numbackend)")
-    if "--no-startup" not in sys.argv:
+    if not args.no_startup:
         startup()
+    return results
+
+
+def scaling(args):
+    """Runs compare() in a new process per thread count of ``args.scaling`` and prints
+    the scaling table."""
+    cpus = len(os.sched_getaffinity(0))
+    counts, skipped = scaling_counts(args.scaling, cpus)
+    notes = [f"# {n} threads: skipped, this process may use {cpus} CPUs" for n in skipped]
+    for note in notes:
+        print(note, flush=True)
+    passed = [f"--{name.replace('_', '-')}" for name in ("quick", "no_models", "busy_core", "pin")
+              if getattr(args, name)]
+    results = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for n in counts:
+            print(f"## {n} thread{'s' if n > 1 else ''}", flush=True)
+            path = os.path.join(folder, f"{n}.json")
+            subprocess.run([sys.executable, os.path.abspath(__file__), "--threads", str(n),
+                            "--no-startup", "--results", path, *passed], check=True)
+            with open(path) as f:
+                results[n] = json.load(f)
+    print()
+    print("\n".join(scaling_table(results) + notes))
+
+
+def scaling_table(results):
+    """The lines of the scaling table of ``results``, {thread count: {workload:
+    {system: time}}}: per workload, numbackend's time and its speed-up against the
+    lowest count, then each other system's time over numbackend's."""
+    counts = sorted(results)
+    base = counts[0]
+    workloads = list(dict.fromkeys(label for n in counts for label in results[n]))
+    width = 20
+    lines = [f"{'workload':16s}{'system':13s}" + "".join(
+        f"{f'{n} thread' + ('s' if n > 1 else ''):>{width}s}" for n in counts)]
+    for label in workloads:
+        systems = list(dict.fromkeys(name for n in counts for name in results[n].get(label, {})))
+        for name in systems:
+            cells = []
+            for n in counts:
+                times = results[n].get(label, {})
+                if name not in times or "numbackend" not in times:
+                    cells.append("-")
+                elif name == "numbackend":
+                    ours, first = times[name], results[base].get(label, {}).get(name)
+                    shown = f"{ours * 1e6:.1f} us" if ours < 1e-3 else f"{ours * 1e3:.3f} ms"
+                    cells.append(shown + (f" ({first / ours:.2f}x)" if first else ""))
+                else:
+                    cells.append(f"{times[name] / times['numbackend']:.2f}")
+            lines.append(f"{label if name == systems[0] else '':16s}{name:13s}"
+                         + "".join(f"{cell:>{width}s}" for cell in cells))
+    lines.append(f"(numbackend: median time (speed-up against {base} thread{'s' if base > 1 else ''}); "
+                 "other systems: their time / numbackend's, above 1.00 slower than numbackend)")
+    return lines
 
 
 STARTUP = """

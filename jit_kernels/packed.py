@@ -374,3 +374,24 @@ def matmul_packed_from_compiled(a, packed, out, part_address):
         return
     descriptors = _parts_of_product(a, packed, out, max(1, parts.threads_from_compiled()))
     parts.run_compiled(part_address, descriptors, (a, packed, out))
+
+
+def runs_packed(rows, weight_bytes, alone):
+    """Whether a product of ``rows`` rows by weights packed once (``weight_bytes``
+    of them, all that its thread reads) runs on the micro-kernel rather than
+    through BLAS.  A rule from the machine, not from timings of one: per core the
+    micro-kernel runs as fast as OpenBLAS's own (both near the FMA units' peak,
+    on the AVX2 VM and the AVX-512 Xeon alike), so BLAS wins only by reading less
+    or by using more threads.
+
+    - Up to ``tuning.PACKED_BLOCK_ROWS`` rows (one block) the micro-kernel reads
+      each weight once a call, as BLAS reads it at least, and BLAS packs them
+      again on every call: packed.
+    - Beyond, the micro-kernel reads the weights again for each block, which
+      BLAS's blocking over k avoids: packed only where they stay in the core's
+      L2 cache (``tuning.PACKED_CACHE_BYTES``) and ``alone``, BLAS would run the
+      product on no more threads than the micro-kernel does (its threads then
+      win beyond a block each)."""
+    if rows <= tuning.PACKED_BLOCK_ROWS:
+        return True
+    return alone and weight_bytes <= tuning.PACKED_CACHE_BYTES

@@ -245,14 +245,18 @@ _define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements, of all a call's inputs toge
         "Calls with at most this many input elements count towards ONE_CALL_AFTER and "
         "then run as one compiled call; larger inputs run the plan, whose kernels go "
         "parallel.")
-_define("PACKED_WEIGHTS_MAX_ROWS", 4, "rows of the left operand",
-        "measured on one 2-core AMD EPYC VM only, mnist_cnn at batch 1: its 1x9216 by "
-        "9216x128 product 212 -> 143 us in the model; with more rows BLAS's own blocking "
-        "won",
+_define("PACKED_WEIGHTS_MAX_ROWS", 6, "rows of the left operand",
+        "derived: one register tile of jit_kernels.packed (TILE_ROWS, 6 rows), the "
+        "micro-kernel's own shape, on every machine; measured on the 2-core Xeon (AVX-512), "
+        "one thread: 6 x 784 by 784 x 512 in 68 us packed against 282 us through BLAS, "
+        "6 x 9216 by 9216 x 128 in 235 against 808 us",
         "A product by a variable's or a constant's value (a layer's weights) with at most "
         "this many rows runs on jit_kernels.packed's micro-kernel, which reads the weights "
-        "from memory once; with more, through BLAS.  Read per call by the plan and when "
-        "a whole call is generated.")
+        "from memory once: one tile of rows per panel reads each weight once a call, the "
+        "least any product reads, where BLAS also copies them into its own panels on every "
+        "call.  With more, through BLAS, whose threads always have work (the packed "
+        "product's parts take whole panels, fewer than the threads where the weights are "
+        "narrow).  Read per call by the plan and when a whole call is generated.")
 _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x columns)",
         "measured on one 2-core AMD EPYC VM only, mnist_cnn and the W3 MLP at batch 1: "
         "1x128 by 128x10 read in place 15 -> 8 us, 1x512 by 512x10 in a whole call 2.4 "
@@ -275,12 +279,15 @@ _define("SCAN_SPLIT_MIN_ELEMENTS", 1 << 19,
         "A loop is split between threads only where it reads, carries and multiplies out "
         "this many elements at least; below, it runs on the calling thread.")
 _define("SCAN_PACKED_MIN_ROWS", 2, "rows of a step's product",
-        "measured on one 2-core AMD EPYC VM only, W5 LSTM: packed beat BLAS for every "
-        "product of two rows or more measured (W5 12.7 against 17.2 ms); for one row "
-        "BLAS's gemv was as fast",
+        "derived: one row is a matrix times a vector, where BLAS's gemv reads each weight "
+        "once as the micro-kernel does, and splits large weights between its threads where "
+        "a loop runs on one; measured on one 2-core AMD EPYC VM, W5 LSTM: packed beat BLAS "
+        "for every product of two rows or more measured (W5 12.7 against 17.2 ms), and for "
+        "one row BLAS's gemv was as fast",
         "A step's products by loop invariants (an RNN's recurrent weights) run on the "
-        "weights packed once per loop from this many rows up, through BLAS below.  The "
-        "choice depends on the rows alone, so every call gives the same bits.")
+        "weights packed once per loop from this many rows up, through BLAS below; above "
+        "PACKED_BLOCK_ROWS rows, jit_kernels.packed.runs_packed decides (by the rows, the "
+        "weights' bytes and the threads: every call of the same shapes gives the same bits).")
 _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
         "measured on one 2-core AMD EPYC VM only, W5 LSTM: one product over all steps was "
         "14-17% faster over 1 to 8 rows on one thread and 20% over 16 rows split in two; "
@@ -415,6 +422,16 @@ _define("PACKED_ONE_ROW_PANELS", 4, "panels",
 _define("PACKED_BLOCK_ROWS", 48, "rows",
         "chosen: 48 rows of k = 512 floats stay in a core's L2 cache (8 tiles of 6 rows)",
         "the rows of the left operand multiplied by every panel in turn", compiled=True)
+
+_define("PACKED_CACHE_BYTES", _cache_bytes(2, 512 << 10), "bytes",
+        "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
+        "the 2-core AMD VM); measured on the 2-core Xeon (AVX-512, 1 MB of L2), one thread: "
+        "m x 128 by 128 x 512 (256 KB of weights) packed as fast as BLAS or faster up to "
+        "1024 rows; m x 4096 by 4096 x 512 (8 MB) at 256 rows 0.76x BLAS's speed, "
+        "m x 16384 by 16384 x 512 at 64 rows 0.70x",
+        "a product of more rows than PACKED_BLOCK_ROWS runs on the micro-kernel only where "
+        "the weights it reads again for each block of rows stay in this much cache, and "
+        "BLAS would run it on no more threads (jit_kernels.packed.runs_packed)")
 
 # -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
 _define("PARTS_LATE_START_NS", 500_000, "ns",

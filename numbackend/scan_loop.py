@@ -36,7 +36,7 @@ class Loop:
     ``stacked`` (arrays of shape (steps,) + the step's); returns the final
     states, or None where the steps must run from Python."""
 
-    def __init__(self, source, kernel_modules, constants, where, row_aligned, has_packable,
+    def __init__(self, source, kernel_modules, constants, where, row_aligned, packed_invariants,
                  product_columns):
         self.source = source
         self.kernel_modules = kernel_modules  # those the source looks up by key
@@ -46,7 +46,9 @@ class Loop:
         # per invariant, whether it may line up with the rows (then its first axis
         # says: the rows' length, or 1 to be shared); None where a step mixes rows
         self.row_aligned = row_aligned
-        self.has_packable = has_packable  # products by invariants
+        # the invariants that the step multiplies by, packed once per loop
+        self.packed_invariants = packed_invariants
+        self.has_packable = bool(packed_invariants)
         self.product_columns = product_columns  # of all the step's products, per row
         self._function = None
         self._compiles = True
@@ -120,9 +122,18 @@ class Loop:
         cut to them), one of ``parts`` run at once; the final states."""
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         hoisted = parts == 1 or rows < tuning.SCAN_IN_LOOP_MIN_ROWS
-        packed = self.has_packable and rows >= tuning.SCAN_PACKED_MIN_ROWS
+        packed = self.has_packable and rows >= tuning.SCAN_PACKED_MIN_ROWS and self._runs_packed(
+            rows, invariants, parts)
         return self._function(first, steps, steps, reverse, lo, hi, packed, hoisted, *seqs,
                               *states, *invariants, *self.constants, *stacked)
+
+    def _runs_packed(self, rows, invariants, parts):
+        """Whether the step's products run on packed weights (jit_kernels.packed.runs_packed)
+        rather than through BLAS, for ``rows`` rows of one of ``parts`` parts; alone where
+        the parts take all of BLAS's threads."""
+        from jit_kernels import blas, packed
+        weight_bytes = sum(invariants[m].nbytes for m in self.packed_invariants)
+        return packed.runs_packed(rows, weight_bytes, parts >= max(1, blas.threads()))
 
     def _row_bounds(self, steps, seqs, states, invariants):
         """Where the rows are cut between threads (first row of each part, then the
@@ -215,7 +226,8 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
     return Loop("\n".join(lines) + "\n", rendered.kernel_modules,
                 [plan.constants[c] for c in constant_names], where,
-                _row_aligned(plan, n_seq, n_state), bool(rendered.packing_lines),
+                _row_aligned(plan, n_seq, n_state),
+                sorted({int(name[1:]) - n_seq - n_state for name, _ in rendered.packings}),
                 sum(step.node.shape[-1] or 0 for step in plan.steps
                     if isinstance(step, program.LibraryCall) and step.lowering.is_product))
 

@@ -677,23 +677,30 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned
         step.fallback = lambda a, b, seen=through_blas, blas_call=fallback: (
             seen.append(a.shape) or blas_call(a, b))
         tol = 1e-5 if dtype == "float32" else 1e-12
-        panels = []
-        for rows in (1, 2, 3, 4, 5):
+        panels, most = [], tuning.PACKED_WEIGHTS_MAX_ROWS
+        for rows in range(1, most + 2):
             a = rng.standard_normal((rows, 7)).astype(dtype)
             np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
             panels.append(None if step.packing is None else step.packing[1])
-        assert through_blas == [(5, 7)] and in_parts == [(1, 7), (2, 7), (3, 7), (4, 7)]
+        assert through_blas == [(most + 1, 7)] and in_parts == [(r, 7) for r in range(1, most + 1)]
         assert panels[0] is not None and all(p is panels[0] for p in panels)
         value = rng.standard_normal((7, 37)).astype(dtype)
         K.set_value(w, value)
         a = rng.standard_normal((1, 7)).astype(dtype)
         np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
-        assert step.packing[1] is not panels[4] and in_parts == [(1, 7), (2, 7), (3, 7), (4, 7), (1, 7)]
+        assert step.packing[1] is not panels[-1] and in_parts[most:] == [(1, 7)]
         with tuning.override(PACKED_WEIGHTS_MIN_ITEMS=7 * 37 + 1):
-            for rows in (2, 5):
+            for rows in (2, most + 1):
                 a = rng.standard_normal((rows, 7)).astype(dtype)
                 np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
-        assert len(in_parts) == 5 and through_blas == [(5, 7), (5, 7)]
+        assert len(in_parts) == most + 1 and through_blas == [(most + 1, 7)] * 2
+
+
+def test_products_by_weights_run_packed_up_to_one_tile_of_rows():
+    """By default a product by weights runs packed up to one register tile of rows
+    (tuning.PACKED_WEIGHTS_MAX_ROWS derived from jit_kernels.packed.TILE_ROWS)."""
+    from jit_kernels import packed
+    assert {e.name: e for e in tuning.entries()}["PACKED_WEIGHTS_MAX_ROWS"].default == packed.TILE_ROWS
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """jit_kernels.packed: products by a right operand packed or read in place, against
 the definition."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -157,3 +159,35 @@ def test_packed_products_call_their_helpers_with_one_signature():
         packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64))
         if callee is packed._tile}
     assert len(tiles) == 1, tiles
+
+
+def test_runs_packed_up_to_a_block_then_by_cache_and_threads(tune):
+    """packed.runs_packed: up to PACKED_BLOCK_ROWS rows always packed; beyond, only
+    where the weights fit PACKED_CACHE_BYTES and BLAS would have no more threads."""
+    from jit_kernels import tuning
+    block = tuning.PACKED_BLOCK_ROWS
+    tune(PACKED_CACHE_BYTES=1000)
+    for alone in (False, True):
+        for weight_bytes in (0, 1000, 1001, 10**12):
+            assert packed.runs_packed(1, weight_bytes, alone)
+            assert packed.runs_packed(block, weight_bytes, alone)
+            for rows in (block + 1, 100 * block):
+                assert packed.runs_packed(rows, weight_bytes, alone) == (
+                    alone and weight_bytes <= 1000)
+
+
+def test_the_cache_of_the_rule_is_the_l2_where_linux_says():
+    """PACKED_CACHE_BYTES is the first CPU's L2 data or unified cache, as /sys gives it."""
+    from jit_kernels import tuning
+    sizes = []
+    for folder in sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        read = lambda name, folder=folder: (folder / name).read_text().strip()
+        try:
+            if read("level") == "2" and read("type") in ("Data", "Unified"):
+                size = read("size")
+                sizes.append(int(size[:-1]) << {"K": 10, "M": 20}[size[-1]])
+        except OSError:
+            continue
+    if not sizes:
+        pytest.skip("Linux's /sys gives no L2 cache here")
+    assert {e.name: e for e in tuning.entries()}["PACKED_CACHE_BYTES"].default == sizes[0]

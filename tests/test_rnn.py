@@ -776,6 +776,46 @@ def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, tuned, request
     assert ways == [packed] * (4 * parts) and bool(runs) == split
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
+def test_a_loop_runs_more_rows_than_a_block_packed_by_cache_and_threads(monkeypatch, tuned, request,
+                                                                        split, cache_bytes):
+    # up to PACKED_BLOCK_ROWS rows a part, a loop's products by invariants run
+    # packed; beyond, only where the weights fit PACKED_CACHE_BYTES and the parts
+    # take all of BLAS's threads (jit_kernels.packed.runs_packed), else through BLAS
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from jit_kernels import tuning
+    from numbackend import codegen
+    runs = request.getfixturevalue("split_runs") if split else []
+    tuned(PACKED_CACHE_BYTES=cache_bytes)
+    ways, load_kernel = [], codegen.load_kernel
+
+    def load_spied(source):
+        module = load_kernel(source)
+        loop = getattr(module, "loop", None)
+        if loop is not None and not hasattr(loop, "spied"):
+            # the loop's 7th argument says whether its products run packed
+            spied = lambda *a: ways.append(a[6]) or loop(*a)
+            spied.spied = True
+            spied.compile = loop.compile
+            monkeypatch.setattr(module, "loop", spied)
+        return module
+    monkeypatch.setattr(codegen, "load_kernel", load_spied)
+    _, x, h0, _, outputs, _ = build_rnn()
+    fn = K.function([x, h0], [outputs])
+    parts = blas.threads() if split else 1
+    alone = parts >= max(1, blas.threads())
+    for per_part, packed in [(tuning.PACKED_BLOCK_ROWS, True),
+                             (tuning.PACKED_BLOCK_ROWS + 1, alone and cache_bytes > 0)]:
+        ways.clear()
+        xv, hv = RNG.standard_normal((per_part * parts, T, I)), RNG.standard_normal((per_part * parts, U))
+        np.testing.assert_allclose(fn([xv, hv])[0], numpy_rnn(xv, *weights(), hv)[1],
+                                   rtol=1e-10, atol=1e-12)
+        assert ways == [packed] * parts
+    assert bool(runs) == split
+
+
 def test_a_loop_without_products_runs_compiled(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")

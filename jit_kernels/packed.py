@@ -14,8 +14,8 @@ panel and broadcasting one value of each row of the left operand (the
 micro-kernel of BLIS and of OpenBLAS itself).  It beats OpenBLAS on such
 products, float32 and float64 (PERFORMANCE.md, W3: packed products).  A
 single row is a matrix times a vector, where BLAS's gemv is about as fast: a
-scan's loop chooses between the two by the rows alone
-(tuning.SCAN_PACKED_MIN_ROWS).
+scan's loop chooses between the two by the rows (tuning.SCAN_PACKED_MIN_ROWS),
+and beyond one block of rows by :func:`runs_packed`.
 
 The micro-kernel is LLVM vector code written with llvmlite
 (:func:`_tile_kernel`): Numba's own loops keep such a tile's sums in memory.

@@ -247,7 +247,7 @@ _define("ONE_CALL_MAX_ELEMENTS", 1 << 14, "elements, of all a call's inputs toge
         "parallel.")
 _define("PACKED_WEIGHTS_MAX_ROWS", 6, "rows of the left operand",
         "derived: one register tile of jit_kernels.packed (TILE_ROWS, 6 rows), the "
-        "micro-kernel's own shape, on every machine; measured on the 2-core Xeon (AVX-512), "
+        "micro-kernel's own shape, on every machine; measured on the 2-core Xeon VM (AVX-512), "
         "one thread: 6 x 784 by 784 x 512 in 68 us packed against 282 us through BLAS, "
         "6 x 9216 by 9216 x 128 in 235 against 808 us",
         "A product by a variable's or a constant's value (a layer's weights) with at most "
@@ -425,7 +425,7 @@ _define("PACKED_BLOCK_ROWS", 48, "rows",
 
 _define("PACKED_CACHE_BYTES", _cache_bytes(2, 512 << 10), "bytes",
         "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
-        "the 2-core AMD VM); measured on the 2-core Xeon (AVX-512, 1 MB of L2), one thread: "
+        "the 2-core AMD VM); measured on the 2-core Xeon VM (AVX-512, 1 MB of L2), one thread: "
         "m x 128 by 128 x 512 (256 KB of weights) packed as fast as BLAS or faster up to "
         "1024 rows; m x 4096 by 4096 x 512 (8 MB) at 256 rows 0.76x BLAS's speed, "
         "m x 16384 by 16384 x 512 at 64 rows 0.70x",

@@ -155,6 +155,17 @@ def test_a_function_with_the_learning_phase_pickles_both_plans():
     np.testing.assert_array_equal(g([a, 1])[0], a * 3)
 
 
+def test_a_copy_draws_the_random_numbers_the_original_would_draw_next():
+    x = K.placeholder((4,))
+    f = K.function([x], [x + K.random_uniform((4,))])
+    a = np.zeros(4, "float32")
+    first = f([a])[0]
+    copy = round_trip(f)
+    following = f([a])[0]
+    np.testing.assert_array_equal(copy([a])[0], following)
+    assert not np.array_equal(first, following) and ((0 <= following) & (following < 1)).all()
+
+
 def test_a_sparse_function_round_trips():
     sparse = pytest.importorskip("scipy.sparse")
     w0 = np.arange(6.0).reshape(3, 2) - 2

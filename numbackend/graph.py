@@ -44,7 +44,8 @@ class Tensor:
     copy (``copy.copy``, ``copy.deepcopy``) or an unpickled tensor gets an id
     of its own, never the original's, which in another process may belong to
     another node.  A deep copy of a sub-graph copies each node once, so the
-    copies link to each other as the originals do."""
+    copies link to each other as the originals do.  A copy keeps no link to the
+    Keras layer that made its original (``_keras_history``)."""
 
     def __init__(self, op, inputs, attrs, shape, dtype, name=None):
         self.id = next(_ids)
@@ -67,10 +68,13 @@ class Tensor:
         return self.id
 
     def __reduce_ex__(self, protocol):
-        # the new node gets its id first: a tensor in a cycle back to itself
-        # (Keras's _keras_history) may be hashed before its state is restored
+        # The new node gets its id first (in a cycle back to itself it may be
+        # hashed before its state is restored).  Keras's _keras_history (the layer that
+        # made the tensor, and through it the whole model) is not part of the
+        # graph: a copy is no layer's output, and an unpickled graph needs no Keras.
         state = dict(self.__dict__)
         del state["id"]
+        state.pop("_keras_history", None)
         return _new_node, (type(self),), state
 
     def __bool__(self):

@@ -3,6 +3,7 @@ between the Python plan and the whole compiled call, the plans per value of
 the learning phase, and the updates written after a call."""
 import functools
 import os
+import pickle
 import sys
 import threading
 
@@ -12,8 +13,18 @@ from jit_kernels import tuning
 
 from . import tiers
 from .compiled_plan import argument_types, compile_call
-from .graph import Constant, Placeholder, Update, Variable, format_shape, substitute, toposort
+from .graph import (
+    Constant,
+    Placeholder,
+    Tensor,
+    Update,
+    Variable,
+    format_shape,
+    substitute,
+    toposort,
+)
 from .ops import apply, as_tensor
+from .ops.scan import Body
 from .plan import Plan
 
 
@@ -63,6 +74,8 @@ class Function:
                 value = apply("cast", value, dtype=var.dtype)
             self.update_vars.append(var)
             update_values.append(value)
+        # what defines the function, before updates are lifted: what it pickles
+        self._definition = (list(self.outputs), list(zip(self.update_vars, update_values)))
         self.outputs, update_values = lift_updates(self.outputs, self.update_vars, update_values)
         placeholders = list(self.inputs)
         self._defaults = []
@@ -92,6 +105,18 @@ class Function:
         # calls from several threads lose no update (see core.function)
         self._update_lock = threading.Lock() if self.update_vars else None
         self.name = name
+
+    def __reduce__(self):
+        """A function pickles what defines it: its inputs, outputs, updates and name,
+        with the graph they read and its variables' values as of pickling.
+        Unpickled, it is built again from that graph, and its kernels come from the
+        kernel cache (or compile) in that process: no compiled code is pickled.
+        Its variables are copies: updates it writes there reach no other
+        process's variables, nor theirs it.  Raises TypeError, naming the node,
+        where the graph holds something that cannot be pickled."""
+        outputs, updates = self._definition
+        return pickled(type(self), (self.inputs, outputs[0] if self.single_output else outputs,
+                                    updates, self.name, self._input_numbers), "function (pickled)")
 
     def _new_runner(self, targets, placeholders=None):
         runner = _PlanRunner(Plan(self._placeholders if placeholders is None else placeholders,
@@ -409,3 +434,71 @@ def is_scipy_sparse(value):
     such a value exists only where scipy.sparse is imported)."""
     scipy_sparse = sys.modules.get("scipy.sparse")
     return scipy_sparse is not None and scipy_sparse.issparse(value)
+
+
+def pickled(cls, arguments, where):
+    """What ``__reduce__`` returns for a compiled function: unpickled, it is
+    ``cls(*arguments)``, built again from the graph that ``arguments`` hold.
+    Raises TypeError, naming the node, where that graph holds a value that
+    pickle cannot carry to another process (a lambda, a lock...)."""
+    return _built_again, (graph_nodes(arguments, where), cls, arguments)
+
+
+def _built_again(nodes, cls, arguments):
+    # ``nodes`` is pickled before ``arguments`` only for its order (see graph_nodes)
+    return cls(*arguments)
+
+
+def graph_nodes(values, where):
+    """Every node of the graph of the tensors in ``values`` (lists, tuples, update
+    pairs), the graphs of scans' steps included, each after the nodes it reads.
+    Pickled in this order, each node's inputs are pickled before it, and pickle
+    does not recurse along a deep graph (a chain of a few hundred nodes would
+    exceed Python's recursion limit).  Raises TypeError where a node holds a
+    value that cannot be pickled."""
+    order, seen = [], set()
+
+    def visit(roots):
+        for node in toposort(roots):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            holder = f"{where}: node {node.name!r} (op {node.op})"
+            for key, value in vars(node).items():
+                if key not in _NOT_PICKLED:
+                    visit(_held_tensors(value, holder, key))
+            order.append(node)
+
+    visit(_held_tensors(list(values), where, "arguments"))
+    return order
+
+
+# a node's attributes that are not pickled (see graph.Tensor.__reduce_ex__) or
+# hold only its inputs (toposort walks them)
+_NOT_PICKLED = ("id", "inputs", "_keras_history")
+
+# values that pickle as they are
+_PLAIN = (np.ndarray, np.generic, np.dtype, str, bytes, int, float, complex, bool,
+          type(None), slice, type(Ellipsis))
+
+
+def _held_tensors(value, holder, key):
+    """The tensors in ``value``, attribute ``key`` of ``holder`` (inside lists,
+    tuples, dicts and a scan's step, ops.scan.Body); raises TypeError where
+    another value in it cannot be pickled."""
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, Body):
+        value = list(vars(value).values())
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _held_tensors(item, holder, key)]
+    if not isinstance(value, _PLAIN):
+        try:
+            pickle.dumps(value)
+        except (pickle.PicklingError, TypeError, AttributeError) as error:
+            raise TypeError(f"{holder} holds {value!r} (in its {key!r}), which cannot be pickled "
+                            f"({error}); a compiled function pickles only where its whole graph "
+                            "does") from None
+    return []

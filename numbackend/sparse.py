@@ -22,7 +22,7 @@ import numpy as np
 from . import config
 from .graph import Constant, Placeholder, SparseTensor, canonical_dtype, format_shape
 from .ops import apply, as_tensor, normalize_axis
-from .runtime import Function, is_scipy_sparse
+from .runtime import Function, is_scipy_sparse, pickled
 
 SparseTensorValue = namedtuple("SparseTensorValue", "indices values dense_shape")
 SparseTensorValue.__doc__ = """The value of a sparse tensor, as TensorFlow's: ``indices``
@@ -193,8 +193,16 @@ class SparseFunction:
                 parts_in.append(x)
                 numbers.append(i)
         parts_out = [p for o in self.outputs for p in (o.inputs if is_sparse(o) else (o,))]
-        self.function = Function(parts_in, parts_out, updates, name=name, input_numbers=numbers)
+        self.updates = list(updates)
+        self.function = Function(parts_in, parts_out, self.updates, name=name,
+                                 input_numbers=numbers)
         self.name = name
+
+    def __reduce__(self):
+        """Pickles as runtime.Function does: built again from its graph where unpickled."""
+        return pickled(SparseFunction, (self.inputs, self.outputs[0] if self.single_output
+                                        else self.outputs, self.updates, self.name),
+                       "function (pickled)")
 
     def __call__(self, values=()):
         if not isinstance(values, (list, tuple)):

@@ -1,0 +1,101 @@
+"""Batch inference over a Dask array on a LocalCluster of two worker processes
+(numbackend.batch_inference.predict_blocks): each worker unpickles the
+compiled function once and loads its kernels from the shared cache.
+
+Dask is an optional extra: ``pip install -e '.[dask]'`` (these tests skip without it)."""
+import gc
+import os
+
+import numpy as np
+import pytest
+
+import numbackend as K
+from numbackend import codegen
+from numbackend.batch_inference import predict_blocks
+from numbackend.runtime import Function
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def client():
+    """Two worker processes of one thread each, reading this process's kernel cache
+    (closed when the test ends: the tests after it have no current client)."""
+    env = {"NUMBACKEND_CACHE_DIR": os.environ["NUMBACKEND_CACHE_DIR"], "PYTHONPATH": ROOT,
+           "NUMBACKEND_NUM_THREADS": "1"}
+    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                   dashboard_address=None, env=env) as cluster,
+          distributed.Client(cluster) as client):
+        yield client
+
+
+def small_cnn():
+    """A 3x3 convolution with bias and ReLU, 2x2 max pooling, a dense softmax
+    layer: the function and a NumPy formula of it."""
+    rng = np.random.default_rng(0)
+    kernel = rng.standard_normal((3, 3, 1, 4)).astype("float32") / 3
+    bias = rng.standard_normal(4).astype("float32")
+    dense = rng.standard_normal((3 * 3 * 4, 5)).astype("float32") / 6
+    x = K.placeholder((None, 8, 8, 1))
+    h = K.relu(K.bias_add(K.conv2d(x, K.variable(kernel)), K.variable(bias)))
+    h = K.batch_flatten(K.pool2d(h, (2, 2), strides=(2, 2)))
+    f = K.function([x], [K.softmax(K.dot(h, K.variable(dense)))])
+
+    def formula(images):
+        n = len(images)
+        conv = np.zeros((n, 6, 6, 4))
+        for i in range(6):
+            for j in range(6):
+                conv[:, i, j] = np.einsum("nhwc,hwcd->nd", images[:, i:i + 3, j:j + 3], kernel)
+        pooled = np.maximum(conv + bias, 0).reshape(n, 3, 2, 3, 2, 4).max(axis=(2, 4))
+        logits = pooled.reshape(n, -1) @ dense
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        return e / e.sum(axis=1, keepdims=True)
+
+    return f, formula
+
+
+def functions_held():
+    """How many compiled functions this process holds (run on each worker)."""
+    gc.collect()
+    return sum(isinstance(o, Function) for o in gc.get_objects())
+
+
+def test_blocks_on_two_workers_equal_one_process(client):
+    f, formula = small_cnn()
+    images = np.random.default_rng(1).standard_normal((60, 8, 8, 1)).astype("float32")
+    chunks = [images[i:i + 12] for i in range(0, 60, 12)]
+    one_process = np.concatenate([f([chunk])[0] for chunk in chunks])  # and warms the cache
+    predictions = predict_blocks(f, da.from_array(images, chunks=(12, 8, 8, 1)), client)
+    assert predictions.shape == (60, 5) and predictions.chunks == ((12,) * 5, (5,))
+    got = predictions.compute()
+    np.testing.assert_array_equal(got, one_process)
+    np.testing.assert_allclose(got, formula(images.astype("float64")), rtol=1e-5, atol=1e-6)
+    # each worker unpickled one copy, and computed blocks with it (a kernel
+    # loads in the first call), its kernels from the cache this process filled
+    assert sorted(client.run(functions_held).values()) == [1, 1]
+    for stats in client.run(codegen.numba_stats).values():
+        assert stats["compiled"] == 0 and stats["cache_hits"] > 0
+
+
+def test_blocks_without_a_cluster_call_the_function_itself():
+    f, formula = small_cnn()
+    images = np.random.default_rng(2).standard_normal((10, 8, 8, 1)).astype("float32")
+    blocks = da.from_array(images, chunks=(4, 4, 8, 1))  # split along axis 1 too: rechunked
+    got = predict_blocks(f, blocks).compute(scheduler="threads")
+    np.testing.assert_allclose(got, formula(images.astype("float64")), rtol=1e-5, atol=1e-6)
+
+
+def test_a_function_predict_blocks_cannot_call_is_refused():
+    x = K.placeholder((None, 3))
+    blocks = da.zeros((4, 3), chunks=2, dtype="float32")
+    with pytest.raises(ValueError, match="one input and one output"):
+        predict_blocks(K.function([x], [x, x]), blocks)
+    with pytest.raises(ValueError, match=r"input .* has shape \(None, 3\), images have shape "
+                                         r"\(4, 3, 1\)"):
+        predict_blocks(K.function([x], [x]), blocks[..., None])
+    with pytest.raises(TypeError, match="must be a dask array"):
+        predict_blocks(K.function([x], [x]), np.zeros((4, 3)))

@@ -2,7 +2,7 @@
 (numbackend.batch_inference.predict_blocks): each worker unpickles the
 compiled function once and loads its kernels from the shared cache.
 
-Dask is an optional extra: ``pip install -e '.[dask]'`` (these tests skip without it)."""
+Dask is in the ``test`` extra (and the ``dask`` one); these tests skip without it."""
 import gc
 import os
 

@@ -32,7 +32,7 @@ from .depthwise import (
 )
 from .direct import DirectLoop, direct_forward, direct_loop, window_products
 from .local import local_conv_backward_input, local_conv_backward_kernel, local_conv_forward
-from .pool import block_finisher
+from .pool import block_finisher, max_pool_2x2
 from .windows import (
     PADDINGS,
     Geometry,
@@ -74,12 +74,14 @@ __all__ = [
     "depthwise_conv_backward_input",
     "depthwise_conv_backward_kernel",
     "depthwise_conv_forward",
+    "direct_form",
     "direct_forward",
     "forward_path",
     "geometry",
     "local_conv_backward_input",
     "local_conv_backward_kernel",
     "local_conv_forward",
+    "max_pool_2x2",
     "separable_conv_forward",
     "winograd_forward",
     "winograd_parts",
@@ -292,6 +294,21 @@ def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
         return None
     path = forward_path((1,) + tuple(x_shape[1:]), w_shape, dtype, strides, padding, dilation)
     return path if path.compiled is not None else None
+
+
+def direct_form(x_shape, w_shape, dtype, strides, padding, dilation):
+    """The :class:`DirectLoop` of :func:`direct_forward` for a 2-D convolution of
+    inputs of shape x_shape (N, H, W, C), N any batch (None allowed), whatever
+    algorithm :func:`forward_path` would choose; None where it is no 2-D
+    convolution of float32 or float64.  For code that runs no parts (a plan
+    exported into a library of its own)."""
+    dtype = np.dtype(dtype)
+    if len(x_shape) != 4 or None in x_shape[1:] or dtype not in (np.float32, np.float64):
+        return None
+    check_conv((1,) + tuple(x_shape[1:]), w_shape, 'direct_form')
+    g = geometry(tuple(x_shape[1:-1]), tuple(w_shape[:-2]), _hashable(strides), padding,
+                 _hashable(dilation))
+    return direct_loop(g, x_shape[-1], w_shape[-1], dtype.itemsize)
 
 
 def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):

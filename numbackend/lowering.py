@@ -127,10 +127,15 @@ class Dot(Lowering):
         between BLAS's threads where the weights are many; else through BLAS.
         None where parts cannot run from compiled code."""
         from jit_kernels import packed, parts
+        panels = render.add_argument("weights_panels", weights, _panels)
+        if render.export:
+            # every batch size on the panels: the export's threads each run a
+            # chunk of rows, and its library then needs no BLAS for a layer
+            return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+                    f"packed.matmul_packed({ins[0]}, {panels}, {out})"]
         in_parts = math.prod(weights.shape) >= tuning.PACKED_WEIGHTS_MIN_ITEMS
         if in_parts and not parts.pool_from_compiled():
             return None
-        panels = render.add_argument("weights_panels", weights, _panels)
         if in_parts:
             part = render.add_constant(
                 "weights_part", packed.product_parts[np.dtype(node.dtype).itemsize]()[0], runs_parts=True)
@@ -240,6 +245,8 @@ class Conv(Lowering):
         if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
             return None
         attrs = node.attrs
+        if render.export:
+            return self._export_lines(node, ins, out, render, pool)
         path = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
                                   attrs["padding"], attrs["dilation"])
         if path is None:
@@ -259,6 +266,27 @@ class Conv(Lowering):
         render.needs_conv = True
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
                 f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
+
+    @staticmethod
+    def _export_lines(node, ins, out, render, pool):
+        """An export's lines (compiled_plan.Render): the direct loop for every
+        2-D convolution (Winograd's compiled form runs parts on OpenBLAS's
+        threads), then a 2x2 max pooling where ``pool`` is 'max' (the epilogue
+        kernel then runs on the pooled values, as a pool-first step says)."""
+        from jit_kernels import conv
+        x, w = node.inputs
+        attrs = node.attrs
+        loop = conv.direct_form(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
+                                attrs["padding"], attrs["dilation"])
+        if loop is None or pool not in (None, "max"):
+            return None
+        sizes = render.add_constant("conv_sizes", loop.sizes)
+        offsets = render.add_constant("conv_offsets", loop.offsets)
+        render.needs_conv = True
+        if pool is None:
+            return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
+        return [(f"{out} = conv.max_pool_2x2(conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, "
+                 f"{offsets}))")]
 
 
 def _library_with_epilogue(step, module, fallback):

@@ -1,0 +1,237 @@
+"""numbackend.export: a model's inference plan as a folder that predicts with NumPy alone.
+
+Each export is loaded in a subprocess whose sys.modules must hold no Numba,
+llvmlite, Keras or numbackend after predict, and its results are compared
+with NumPy formulas of the model and with the JIT's (or Keras's) own.  One
+export per model, shared by the tests (module fixtures): compiling the plan is
+the cost.
+"""
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import numbackend as K
+from numbackend.exporting import ExportError, cpu_flags
+
+if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+    pytest.skip("an export links its library with a C compiler", allow_module_level=True)
+if platform.system() != "Linux" or platform.machine() != "x86_64":
+    pytest.skip("the export's default target is an x86-64 level, tested on Linux",
+                allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCHES = (1, 3, 64)
+rng = np.random.default_rng(31)
+
+# Runs in the subprocess: imports the export, predicts every saved input at each
+# thread count, saves the results and reports which heavy modules were loaded.
+PREDICT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    model = __import__(sys.argv[2])
+    data = np.load(sys.argv[3])
+    results = {}
+    for key in data.files:
+        for threads in (1, 2):
+            results[f"{key}-{threads}"] = model.predict(data[key], threads=threads)
+    np.savez(sys.argv[4], **results)
+    loaded = sorted(m for m in sys.modules
+                    if m.split(".")[0] in ("numba", "llvmlite", "keras", "numbackend"))
+    print(json.dumps(loaded))
+''')
+
+
+def _clean_env():
+    """The environment of a process that must find nothing of numbackend's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def predict_in_subprocess(folder, inputs, tmp_path):
+    """{(batch, threads): outputs} of the export ``folder`` for each batch of
+    ``inputs`` (rows cut from it), run by a process that imports it with NumPy
+    alone; asserts that the process loaded no Numba, llvmlite, Keras or numbackend."""
+    data = tmp_path / "inputs.npz"
+    np.savez(data, **{str(b): inputs[:b] for b in BATCHES})
+    out = tmp_path / "outputs.npz"
+    script = tmp_path / "predict.py"
+    script.write_text(PREDICT)
+    parent, name = os.path.split(os.path.abspath(folder))
+    done = subprocess.run([sys.executable, str(script), parent, name, str(data), str(out)],
+                          check=False, capture_output=True, text=True, env=_clean_env(),
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    results = np.load(out)
+    return {(b, t): results[f"{b}-{t}"] for b in BATCHES for t in (1, 2)}
+
+
+def mlp_numpy(x, w1, b1, w2):
+    h = np.maximum(x @ w1 + b1, 0)
+    z = h @ w2
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """(export folder, the JIT's function, its weights) of a 20-16-4 softmax MLP."""
+    w1 = rng.standard_normal((20, 16)).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((16, 4)).astype(np.float32)
+    x = K.placeholder((None, 20))
+    f = K.function([x], [K.softmax(K.dot(K.relu(K.dot(x, K.variable(w1)) + K.variable(b1)),
+                                         K.variable(w2)))])
+    folder = tmp_path_factory.mktemp("exports") / "mlp_model"
+    assert K.export(f, str(folder)) == str(folder)
+    return folder, f, (w1, b1, w2)
+
+
+def test_mlp_export_predicts_with_numpy_alone(mlp, tmp_path):
+    folder, f, weights = mlp
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], mlp_numpy(x[:b], *weights), rtol=1e-5, atol=1e-6)
+        assert np.abs(got[b, 1] - f([x[:b]])[0]).max() <= 1e-6
+        # chunks of rows, each on one thread: the thread count changes no bit
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_export_folder_holds_library_weights_loader_header_manifest(mlp):
+    folder, _, _ = mlp
+    assert sorted(os.listdir(folder)) == ["__init__.py", "manifest.json", "model.h", "model.so",
+                                          "weights.bin"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["inputs"] == [{"name": manifest["inputs"][0]["name"], "shape": [None, 20],
+                                   "dtype": "float32"}]
+    assert manifest["outputs"][0]["shape"] == [None, 4]
+    assert manifest["target"]["name"] == "x86-64-v3"
+    assert {"avx2", "fma"} <= set(manifest["target"]["cpuinfo_flags"])
+    assert manifest["threads"] is True
+    # the library exports the C API alone
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(folder / "model.so")],
+                             check=True, capture_output=True, text=True).stdout
+    assert sorted(line.split()[-1] for line in symbols.splitlines()) == [
+        "numbackend_model_close", "numbackend_model_error", "numbackend_model_open",
+        "numbackend_model_predict", "numbackend_model_set_blas"]
+
+
+C_PROGRAM = textwrap.dedent('''
+    #include <stdio.h>
+    #include "model.h"
+    int main(int argc, char **argv) {
+        numbackend_model *model = numbackend_model_open(argv[1]);
+        if (!model) { printf("open: %s\\n", numbackend_model_error(NULL)); return 1; }
+        float x[2 * 20], y[2 * 4];
+        for (int i = 0; i < 2 * 20; i++) x[i] = (float)(i % 7) * 0.25f - 0.5f;
+        const void *inputs[] = {x};
+        void *outputs[] = {y};
+        int status = numbackend_model_predict(model, 2, inputs, outputs, 0);
+        if (status) { printf("predict %d: %s\\n", status, numbackend_model_error(model)); return 1; }
+        for (int i = 0; i < 2 * 4; i++) printf("%.9g\\n", y[i]);
+        numbackend_model_close(model);
+        if (numbackend_model_open("no-such-file.bin") != NULL) return 1;
+        printf("%s\\n", numbackend_model_error(NULL));
+        return 0;
+    }
+''')
+
+
+def test_a_c_program_calls_the_library(mlp, tmp_path):
+    folder, _, weights = mlp
+    source = tmp_path / "main.c"
+    source.write_text(C_PROGRAM)
+    program = tmp_path / "main"
+    cc = next(shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c))
+    subprocess.run([cc, "-I", str(folder), str(source), str(folder / "model.so"), "-o",
+                    str(program), f"-Wl,-rpath,{folder}"], check=True)
+    done = subprocess.run([str(program), str(folder / "weights.bin")], capture_output=True,
+                          text=True, check=True)
+    lines = done.stdout.splitlines()
+    x = ((np.arange(40) % 7) * 0.25 - 0.5).astype(np.float32).reshape(2, 20)
+    np.testing.assert_allclose(np.array(lines[:8], np.float64).reshape(2, 4),
+                               mlp_numpy(x, *weights), rtol=1e-5, atol=1e-6)
+    assert lines[8] == "numbackend_model_open: cannot open no-such-file.bin"
+
+
+def _import_copy(folder, tmp_path, name, edit_manifest=None):
+    """Copy the export into tmp_path/name, edit its manifest, import it in a
+    subprocess; the CompletedProcess."""
+    copy = tmp_path / name
+    shutil.copytree(folder, copy)
+    if edit_manifest:
+        manifest = json.loads((copy / "manifest.json").read_text())
+        edit_manifest(manifest)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import {name}; "
+            f"import numpy as np; print({name}.predict(np.zeros((2, 20), np.float32)).shape)")
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+
+
+def test_load_refuses_a_cpu_without_the_targets_features(mlp, tmp_path):
+    done = _import_copy(mlp[0], tmp_path, "needs_fake",
+                        lambda m: m["target"]["cpuinfo_flags"].append("fake_feature_x"))
+    assert done.returncode != 0
+    assert "RuntimeError" in done.stderr and "lacks fake_feature_x" in done.stderr
+    assert "'x86-64-v3'" in done.stderr
+    assert _import_copy(mlp[0], tmp_path, "as_built").stdout.strip() == "(2, 4)"
+
+
+def test_predict_checks_its_inputs(mlp, tmp_path):
+    code = textwrap.dedent(f'''
+        import sys
+        import numpy as np
+        sys.path.insert(0, {str(mlp[0].parent)!r})
+        import mlp_model
+        for bad in (np.zeros((2, 21), np.float32), np.zeros(20, np.float32), [np.zeros((2, 20))] * 2):
+            try:
+                mlp_model.predict(bad)
+            except ValueError as exc:
+                print(exc)
+        print(mlp_model.predict(np.zeros((0, 20), np.float32)).shape)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[0].startswith("predict: input 0") and "(2, 21)" in lines[0]
+    assert lines[1].startswith("predict: input 0") and "(20,)" in lines[1]
+    assert lines[2] == "predict: the model has 1 input(s), got 2"
+    assert lines[3] == "(0, 4)"
+
+
+def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
+    ids = K.placeholder((None, 5), dtype="int32")
+    table = K.variable(np.ones((10, 3), np.float32))
+    f = K.function([ids], [K.sum(K.gather(table, ids), axis=1)])
+    with pytest.raises(ExportError, match="no compiled form.*gather"):
+        K.export(f, str(tmp_path / "gather_model"))
+
+
+def test_an_output_without_the_batch_axis_is_refused(tmp_path):
+    x = K.placeholder((None, 3))
+    f = K.function([x], [K.sum(x, axis=0)])
+    with pytest.raises(ExportError, match=r"output 0 .* has shape \(3,\)"):
+        K.export(f, str(tmp_path / "sum_model"))
+
+
+def test_target_names_are_checked(tmp_path):
+    x = K.placeholder((None, 3))
+    f = K.function([x], [x * 2.0])
+    with pytest.raises(ExportError, match="target must be one of"):
+        K.export(f, str(tmp_path / "m"), target="pentium")
+    flags = cpu_flags()
+    if flags is not None and "avx512f" not in flags:
+        with pytest.raises(ExportError, match="lacks avx512"):
+            K.export(f, str(tmp_path / "m"), target="avx512")

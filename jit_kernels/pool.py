@@ -213,6 +213,9 @@ def _check_gradient(g, dy, x_shape, what):
                          f'{expected}')
 
 
+_max_pool_serial = _max_pool.serial  # a global: compiled code cannot look up its attribute
+
+
 @njit_cached(**JIT_OPTIONS)
 def max_pool_2x2(x):
     """Max pooling of x (N, H, W, C) over 2x2 windows with stride 2, 'valid', on
@@ -221,7 +224,7 @@ def max_pool_2x2(x):
     y = np.empty((batch, height // 2, width // 2, channels), x.dtype)
     window = (np.int64(1), np.int64(2), np.int64(2))  # the kernel and the stride
     pad = (np.int64(0), np.int64(0), np.int64(0))
-    _max_pool.serial(x.reshape(batch, 1, height, width, channels),
+    _max_pool_serial(x.reshape(batch, 1, height, width, channels),
                      y.reshape(batch, 1, height // 2, width // 2, channels), window, window, pad)
     return y
 

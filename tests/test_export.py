@@ -6,6 +6,7 @@ with NumPy formulas of the model and with the JIT's (or Keras's) own.  One
 export per model, shared by the tests (module fixtures): compiling the plan is
 the cost.
 """
+import importlib.util
 import json
 import os
 import platform
@@ -75,11 +76,13 @@ def predict_in_subprocess(folder, inputs, tmp_path):
     return {(b, t): results[f"{b}-{t}"] for b in BATCHES for t in (1, 2)}
 
 
-def mlp_numpy(x, w1, b1, w2):
-    h = np.maximum(x @ w1 + b1, 0)
-    z = h @ w2
+def _softmax(z):
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return e / e.sum(axis=1, keepdims=True)
+
+
+def mlp_numpy(x, w1, b1, w2):
+    return _softmax(np.maximum(x @ w1 + b1, 0) @ w2)
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +238,65 @@ def test_target_names_are_checked(tmp_path):
     if flags is not None and "avx512f" not in flags:
         with pytest.raises(ExportError, match="lacks avx512"):
             K.export(f, str(tmp_path / "m"), target="avx512")
+
+
+# Runs with KERAS_BACKEND=numbackend: builds a small mnist_cnn, saves it with
+# model.save, its weights and its predictions.
+KERAS_CNN = textwrap.dedent('''
+    import sys
+    import numpy as np
+    import keras
+    from keras import layers
+    from keras.models import Sequential
+    np.random.seed(0)
+    model = Sequential([
+        layers.Conv2D(4, (3, 3), activation="relu", input_shape=(10, 10, 1)),
+        layers.Conv2D(8, (3, 3), activation="relu"),
+        layers.MaxPooling2D((2, 2)), layers.Dropout(0.25), layers.Flatten(),
+        layers.Dense(16, activation="relu"), layers.Dropout(0.5),
+        layers.Dense(5, activation="softmax")])
+    model.compile("sgd", "categorical_crossentropy")
+    x = np.random.rand(64, 10, 10, 1).astype(np.float32)
+    model.save(sys.argv[1] + "/model.h5")
+    np.savez(sys.argv[1] + "/cnn.npz", x=x, predicted=model.predict(x), *model.get_weights())
+''')
+
+
+def _keras_env():
+    env = dict(os.environ, KERAS_BACKEND="numbackend")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def conv2d_valid(x, w, b):
+    """Cross-correlation of x (N, H, W, C) with w (3, 3, C, O), 'valid', plus b."""
+    windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[:2], axis=(1, 2))
+    return np.einsum("nhwcij,ijco->nhwo", windows, w) + b
+
+
+def cnn_numpy(x, k1, b1, k2, b2, w3, b3, w4, b4):
+    h = np.maximum(conv2d_valid(x, k1, b1), 0)
+    h = np.maximum(conv2d_valid(h, k2, b2), 0)
+    n, height, width, c = h.shape
+    h = h.reshape(n, height // 2, 2, width // 2, 2, c).max(axis=(2, 4)).reshape(n, -1)
+    h = np.maximum(h @ w3 + b3, 0)
+    return _softmax(h @ w4 + b4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None,
+                    reason="Keras 2.2.5 comes with the test extra")
+def test_keras_cnn_exported_by_the_command_line(tmp_path):
+    subprocess.run([sys.executable, "-c", KERAS_CNN, str(tmp_path)], check=True,
+                   capture_output=True, env=_keras_env(), cwd=tmp_path, timeout=300)
+    folder = tmp_path / "cnn_model"
+    done = subprocess.run([sys.executable, "-m", "numbackend", "export", str(tmp_path / "model.h5"),
+                           str(folder)], check=False, capture_output=True, text=True,
+                          env=_keras_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    saved = np.load(tmp_path / "cnn.npz")
+    x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
+        np.testing.assert_allclose(got[b, 1], cnn_numpy(x[:b], *weights), rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import parts, tuning
 from .columns import columns_times, columns_transposed_times, gradient_to_columns
+from .compiling import njit_cached
 from .depthwise import (
     depthwise_conv_backward_input,
     depthwise_conv_backward_kernel,
@@ -34,6 +35,7 @@ from .direct import DirectLoop, direct_forward, direct_loop, window_products
 from .local import local_conv_backward_input, local_conv_backward_kernel, local_conv_forward
 from .pool import block_finisher, max_pool_2x2
 from .windows import (
+    JIT_OPTIONS,
     PADDINGS,
     Geometry,
     as_5d,
@@ -50,10 +52,12 @@ from .windows import (
 from .winograd import (
     POOL_MODES,
     BandWork,
+    kernel_transform,
     winograd_chunk_bands,
     winograd_forward,
     winograd_parts,
     winograd_products,
+    winograd_serial,
 )
 
 __all__ = [
@@ -78,12 +82,14 @@ __all__ = [
     "direct_forward",
     "forward_path",
     "geometry",
+    "kernel_transform",
     "local_conv_backward_input",
     "local_conv_backward_kernel",
     "local_conv_forward",
     "max_pool_2x2",
     "separable_conv_forward",
     "winograd_forward",
+    "winograd_or_direct",
     "winograd_parts",
 ]
 
@@ -309,6 +315,20 @@ def direct_form(x_shape, w_shape, dtype, strides, padding, dilation):
     g = geometry(tuple(x_shape[1:-1]), tuple(w_shape[:-2]), _hashable(strides), padding,
                  _hashable(dilation))
     return direct_loop(g, x_shape[-1], w_shape[-1], dtype.itemsize)
+
+
+@njit_cached(**JIT_OPTIONS)
+def winograd_or_direct(x, w, u, sizes, offsets, pool_mode, chunk):
+    """The convolution of x (N, H, W, C) with w (3, 3, C, OC) by Winograd on the
+    calling thread (:func:`winograd_serial`, ``u`` w's kernel_transform), or by
+    the direct loop of ``sizes`` and ``offsets`` (:func:`direct_form`) where x
+    holds an inf or a NaN; max pooled over 2x2 windows where ``pool_mode`` is
+    POOL_MODES['max']."""
+    finite, y = winograd_serial(x, u, pool_mode, chunk)
+    if finite:
+        return y
+    y = direct_forward(x, w, sizes, offsets)
+    return max_pool_2x2(y) if pool_mode else y
 
 
 def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):

@@ -276,17 +276,34 @@ class Conv(Lowering):
         from jit_kernels import conv
         x, w = node.inputs
         attrs = node.attrs
-        loop = conv.direct_form(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
-                                attrs["padding"], attrs["dilation"])
+        dtype = np.dtype(node.dtype)
+        loop = conv.direct_form(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
+                                attrs["dilation"])
         if loop is None or pool not in (None, "max"):
             return None
         sizes = render.add_constant("conv_sizes", loop.sizes)
         offsets = render.add_constant("conv_offsets", loop.offsets)
         render.needs_conv = True
+        path = conv.compiled_path(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
+                                  attrs["dilation"])
+        weights = render.variable_named(ins[1])
+        if path is not None and path.algorithm == "winograd" and weights is not None:
+            # Winograd where the plan takes it, on the calling thread, the
+            # kernel's transform made once per value of the weights
+            transform = render.add_argument("conv_transform", weights, _kernel_transform)
+            return [(f"{out} = conv.winograd_or_direct({ins[0]}, {ins[1]}, {transform}, {sizes}, "
+                     f"{offsets}, np.int64({conv.POOL_MODES[pool]}), "
+                     f"np.int64({path.compiled.chunk}))")]
         if pool is None:
             return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
         return [(f"{out} = conv.max_pool_2x2(conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, "
                  f"{offsets}))")]
+
+
+def _kernel_transform(weights):
+    """Winograd's transform of a convolution's kernel ``weights``."""
+    from jit_kernels import conv
+    return conv.kernel_transform(weights)
 
 
 def _library_with_epilogue(step, module, fallback):

@@ -300,3 +300,27 @@ def test_keras_cnn_exported_by_the_command_line(tmp_path):
         assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
         np.testing.assert_allclose(got[b, 1], cnn_numpy(x[:b], *weights), rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+@pytest.mark.parametrize("path", ["winograd", "direct"])
+def test_pooled_convolution_paths(path, tmp_path, tune):
+    """A 3x3 convolution with bias, ReLU and a 2x2 max pooling (one step, pooled
+    first) on each compiled path; an inf in an image sends its chunk from
+    Winograd to the direct loop."""
+    tune(CONV_PATH=path)
+    kernel = rng.standard_normal((3, 3, 16, 8)).astype(np.float32) * np.float32(0.2)
+    bias = rng.standard_normal(8).astype(np.float32)
+    x = K.placeholder((None, 10, 10, 16))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, K.variable(kernel)), K.variable(bias))), (2, 2),
+                 strides=(2, 2), pool_mode="max")
+    f = K.function([x], [y])
+    folder = tmp_path / f"conv_{path}"
+    K.export(f, str(folder))
+    images = rng.standard_normal((64, 10, 10, 16)).astype(np.float32)
+    images[40, 3, 4, 5] = np.inf
+    got = predict_in_subprocess(folder, images, tmp_path)
+    h = np.maximum(conv2d_valid(images, kernel, bias), 0)
+    want = h.reshape(64, 4, 2, 4, 2, 8).max(axis=(2, 4))
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])

@@ -61,6 +61,7 @@ def predict_in_subprocess(folder, inputs, tmp_path):
     """{(batch, threads): outputs} of the export ``folder`` for each batch of
     ``inputs`` (rows cut from it), run by a process that imports it with NumPy
     alone; asserts that the process loaded no Numba, llvmlite, Keras or numbackend."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "inputs.npz"
     np.savez(data, **{str(b): inputs[:b] for b in BATCHES})
     out = tmp_path / "outputs.npz"
@@ -324,3 +325,18 @@ def test_pooled_convolution_paths(path, tmp_path, tune):
     for b in BATCHES:
         np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):
+    folder, f, _ = mlp
+    serial = tmp_path / "serial_model"
+    K.export(f, str(serial), threads=False)
+    assert json.loads((serial / "manifest.json").read_text())["threads"] is False
+    symbols = subprocess.run(["nm", "-D", "--undefined-only", str(serial / "model.so")],
+                             check=True, capture_output=True, text=True).stdout
+    assert "pthread_create" not in symbols
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    threaded = predict_in_subprocess(folder, x, tmp_path / "threaded")
+    alone = predict_in_subprocess(serial, x, tmp_path / "alone")
+    for key, value in threaded.items():
+        np.testing.assert_array_equal(alone[key], value)

@@ -65,6 +65,7 @@ class Render:
         self.lines, self.variables, self.packings, self.hoistings = [], [], {}, []
         self.call_constants, self.call_arguments = {}, {}
         self.kernels, self.modules = {}, {}
+        self.functions = {}  # {(module key, attribute): name} of compiled functions the lines call
         self.runs_parts = False  # parts on BLAS's threads: the call holds its lock
         self.needs_conv = False
 
@@ -93,9 +94,21 @@ class Render:
         self.modules[module.KEY] = module
         return f"({''.join(o + ', ' for o in call.outs)}) = {kernel}({', '.join(call.args)})"
 
+    def function_name(self, module, attribute, holder=None):
+        """A name for ``module``'s compiled function ``attribute`` (a module of
+        codegen.load_kernel: a scan's loop), bound by :attr:`kernel_lines`;
+        ``holder`` (a scan_loop.Loop) holds the kernel modules it calls."""
+        self.modules[module.KEY] = module
+        if holder is not None:
+            for held in holder.kernel_modules:
+                self.modules[held.KEY] = held
+        return self.functions.setdefault((module.KEY, attribute), f"function{len(self.functions)}")
+
     @property
     def kernel_lines(self):
-        return [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
+        return ([f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
+                + [f"{name} = loaded_kernel({key!r}).{attribute}"
+                   for (key, attribute), name in self.functions.items()])
 
     @property
     def kernel_modules(self):

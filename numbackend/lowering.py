@@ -74,6 +74,89 @@ class Reshape(View):
         return [f"{out} = {ins[0]}.reshape(({''.join(f'{int(d)}, ' for d in shape)}))"]
 
 
+class GetItem(Lowering):
+    """``x[key]`` (ints, slices, None, Ellipsis), copied to a C-contiguous array
+    as the op's own function does; compiled in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or node.ndim == 0:
+            return None  # an item would be a Numba scalar, not an array
+        return [f"{out} = np.ascontiguousarray({ins[0]}[{_key_source(node.attrs['key'])}])"]
+
+
+def _key_source(key):
+    """The source of an index ``key`` (a tuple of ints, slices, None and
+    Ellipsis, as ops.indexing.getitem checked it)."""
+    def item(k):
+        if k is None:
+            return "None"
+        if k is Ellipsis:
+            return "..."
+        if isinstance(k, slice):
+            return ":".join("" if v is None else str(int(v)) for v in (k.start, k.stop, k.step))
+        return str(int(k))
+    return "".join(item(k) + ", " for k in key)
+
+
+class Transpose(Lowering):
+    """``np.transpose(x, axes)`` as a new C-contiguous array, in an export only:
+    written as loops (Numba's np.transpose checks its axes with a list and
+    formats its errors with Python's objects, which an export cannot call)."""
+
+    def compiled_lines(self, node, ins, out, render):
+        axes = [int(a) for a in node.attrs["axes"]]
+        if not render.export or not axes:
+            return None
+        index = [f"{out}_i{k}" for k in range(len(axes))]
+        source = [None] * len(axes)  # x's index along each of its axes
+        for k, a in enumerate(axes):
+            source[a] = index[k]
+        shape = "".join(f"{ins[0]}.shape[{a}], " for a in axes)
+        lines = [f"{out} = np.empty(({shape}), dtype={ins[0]}.dtype)"]
+        for k, i in enumerate(index):
+            lines.append("    " * k + f"for {i} in range({out}.shape[{k}]):")
+        lines.append("    " * len(axes) + f"{out}[{', '.join(index)}] = {ins[0]}[{', '.join(source)}]")
+        return lines
+
+
+class Reverse(Lowering):
+    """``np.flip(x, axes)``, copied to a C-contiguous array; in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or node.ndim == 0:
+            return None
+        axes = set(node.attrs["axes"])
+        key = "".join("::-1, " if a in axes else ":, " for a in range(node.ndim))
+        return [f"{out} = np.ascontiguousarray({ins[0]}[{key}])"]
+
+
+class Tile(Lowering):
+    """``np.tile(x, reps)`` (one count per axis), in an export only: x seen as
+    (1, n0, 1, n1, ...), broadcast to (r0, n0, r1, n1, ...), copied, and
+    reshaped to (r0 * n0, r1 * n1, ...)."""
+
+    def compiled_lines(self, node, ins, out, render):
+        (x,) = node.inputs
+        reps = node.attrs["reps"]
+        if not render.export or x.ndim == 0:
+            return None
+        sizes = [f"{ins[0]}.shape[{i}]" for i in range(x.ndim)]
+        spread = "".join(f"1, {n}, " for n in sizes)
+        wide = "".join(f"{int(r)}, {n}, " for r, n in zip(reps, sizes))
+        tiled = "".join(f"{int(r)} * {n}, " for r, n in zip(reps, sizes))
+        return [(f"{out} = np.ascontiguousarray(np.broadcast_to({ins[0]}.reshape(({spread})), "
+                 f"({wide}))).reshape(({tiled}))")]
+
+
+class TupleItem(Lowering):
+    """Item ``index`` of a multi-output step's tuple (a scan's); in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        return [f"{out} = {ins[0]}[{int(node.attrs['index'])}]"]
+
+
 class Concatenate(Lowering):
     def compiled_lines(self, node, ins, out, render):
         # (the gradient of per-gate slices, in a scan's loop)
@@ -110,6 +193,8 @@ class Dot(Lowering):
         return ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
 
     def compiled_lines(self, node, ins, out, render):
+        if render.export and node.inputs[0].ndim > 2:
+            return self._batched_weights_lines(node, ins, out, render)
         if not (_blas().AVAILABLE and is_float_matrix_product(node)):
             return None
         if render.whole_call:
@@ -147,6 +232,25 @@ class Dot(Lowering):
                 f"    {product}",
                 "else:",
                 f"    {PRODUCT}({ins[0]}, {ins[1]}, {out}, {_FLAG[False]}, {_FLAG[False]})"]
+
+    @staticmethod
+    def _batched_weights_lines(node, ins, out, render):
+        """An export's product of x of rank > 2 by a matrix of weights (a Dense
+        layer on a sequence): x's rows, all axes but the last flattened, on the
+        weights' panels, reshaped back."""
+        x, w = node.inputs
+        weights = render.variable_named(ins[1])
+        if (weights is None or w.ndim != 2 or node.attrs.get("transpose_a")
+                or node.attrs.get("transpose_b") or node.dtype not in ("float32", "float64")
+                or not x.dtype == w.dtype == node.dtype):
+            return None
+        panels = render.add_argument("weights_panels", weights, _panels)
+        rows, flat = f"{out}_rows", f"{out}_flat"
+        shape = "".join(f"{ins[0]}.shape[{i}], " for i in range(x.ndim - 1))
+        return [f"{rows} = np.ascontiguousarray({ins[0]}).reshape((-1, {ins[0]}.shape[{x.ndim - 1}]))",
+                f"{flat} = np.empty(({rows}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+                f"packed.matmul_packed({rows}, {panels}, {flat})",
+                f"{out} = {flat}.reshape(({shape}{ins[1]}.shape[1]))"]
 
     @staticmethod
     def _product_lines(node, ins, out, render):
@@ -384,6 +488,52 @@ class Scan(Lowering):
         return call
 
 
+    def compiled_lines(self, node, ins, out, render):
+        """In an export only: every step in the body's compiled loop
+        (scan_loop.py; the first too, as the loop repeats what the plan's first
+        step does), on the calling thread, its products hoisted out of the loop
+        as an unsplit loop's are.  The stacked values are allocated here, so
+        each per-step value's shape must be known but for axis 0, the rows of
+        the states and sequence slices, which every step keeps apart."""
+        if not render.export:
+            return None
+        from .plan import BODIES
+        from .scan_loop import ALL_ROWS
+        body, keep_history = node.attrs["body"], node.attrs["keep_history"]
+        n_seq, n_state, n_out = len(body.seq_inputs), len(body.state_inputs), len(body.outputs)
+        n_stacked = n_out + (n_state if keep_history else 0)
+        loop = BODIES.loop(body, n_stacked)
+        per_step = (body.outputs + body.new_states)[:n_stacked]
+        if (loop is None or loop.row_aligned is None or n_seq == 0
+                or any(None in t.shape[1:] or t.ndim == 0 for t in per_step)):
+            return None
+        from . import codegen
+        function = render.function_name(codegen.load_kernel(loop.source), "loop", loop)
+        constants = [render.add_constant("scan_constant", value) for value in loop.constants]
+        arrays = [f"{out}_in{i}" for i in range(len(ins))]  # C-contiguous, as the loop takes them
+        lines = [f"{a} = np.ascontiguousarray({name})" for a, name in zip(arrays, ins)]
+        seqs, states = arrays[:n_seq], arrays[n_seq:n_seq + n_state]
+        steps, rows, result = f"{out}_steps", f"{out}_rows", f"{out}_finals"
+        lines += [f"{steps} = {seqs[0]}.shape[0]",
+                  f"{rows} = {states[0]}.shape[0]" if states else f"{rows} = {seqs[0]}.shape[1]"]
+        stacked = []
+        for k, t in enumerate(per_step):
+            name = f"{out}_stacked{k}"
+            first = rows if t.shape[0] is None else str(int(t.shape[0]))
+            shape = "".join(f", {int(d)}" for d in t.shape[1:])
+            lines.append(f"{name} = np.empty(({steps}, {first}{shape}), dtype=np.{t.dtype})")
+            stacked.append(name)
+        packed = f"np.bool_({rows} >= {tuning.SCAN_PACKED_MIN_ROWS})" if loop.has_packable else \
+            "np.bool_(False)"
+        arguments = (["np.int64(0)", steps, steps, _FLAG[bool(node.attrs["reverse"])],
+                      "np.int64(0)", f"np.int64({ALL_ROWS})", packed, _FLAG[True]]
+                     + arrays + constants + stacked)
+        lines.append(f"{result} = {function}({', '.join(arguments)})")
+        finals = [] if keep_history else [f"{result}[{j}]" for j in range(n_state)]
+        lines.append(f"{out} = ({''.join(v + ', ' for v in stacked + finals)})")
+        return lines
+
+
 def _run_scan(arrays, body, reverse, keep_history, bodies, loop_due):
     """The scan's value: stacked per-step outputs, then the states (stacked or
     final).  ``loop_due``: the steps after the first may run in the compiled loop."""
@@ -438,6 +588,11 @@ LOWERINGS = {
     "conv": Conv(),
     "reshape": Reshape(),
     "concatenate": Concatenate(),
+    "getitem": GetItem(),
+    "transpose": Transpose(),
+    "tile": Tile(),
+    "reverse": Reverse(),
+    "tuple_item": TupleItem(),
     "scan": Scan(),
     "reshape_like": _VIEW,
     "reshape_dynamic": _VIEW,

@@ -340,3 +340,117 @@ def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):
     alone = predict_in_subprocess(serial, x, tmp_path / "alone")
     for key, value in threaded.items():
         np.testing.assert_array_equal(alone[key], value)
+
+
+# Runs with KERAS_BACKEND=numbackend: builds each small Keras model named on the
+# command line, saves its inputs, weights and predictions (FOLDER/<name>.npz) and
+# exports it (FOLDER/<name>_model), or writes why it did not (FOLDER/<name>.error).
+KERAS_EXPORTS = textwrap.dedent('''
+    import sys, traceback
+    import numpy as np
+    from keras import layers
+    from keras.models import Sequential
+    import numbackend
+    folder = sys.argv[1]
+    np.random.seed(0)
+    floats = lambda *shape: np.random.uniform(-1, 1, (64,) + shape).astype(np.float32)
+    MODELS = {
+        "lstm": lambda: ([layers.LSTM(6, input_shape=(7, 3)), layers.Dense(2)], floats(7, 3)),
+        "gru": lambda: ([layers.GRU(5, input_shape=(7, 3)), layers.Dense(2)], floats(7, 3)),
+        "simple_rnn": lambda: ([layers.SimpleRNN(5, input_shape=(7, 3)), layers.Dense(2)],
+                               floats(7, 3)),
+        "bidirectional": lambda: ([layers.Bidirectional(layers.LSTM(4), input_shape=(7, 3)),
+                                   layers.Dense(2)], floats(7, 3)),
+    }
+    for name in sys.argv[2:]:
+        try:
+            stack, x = MODELS[name]()
+            model = Sequential(stack)
+            np.savez(f"{folder}/{name}.npz", x=x, predicted=model.predict(x), *model.get_weights())
+            numbackend.export(model, f"{folder}/{name}_model")
+        except Exception:
+            with open(f"{folder}/{name}.error", "w") as f:
+                f.write(traceback.format_exc())
+''')
+KERAS_MODELS = ["lstm", "gru", "simple_rnn", "bidirectional"]
+
+
+@pytest.fixture(scope="module")
+def keras_exports(tmp_path_factory):
+    """``export(name)``: (folder of the export, {x, predicted, arr_0...: the
+    model's weights}) of the Keras model ``name`` of KERAS_EXPORTS, all exported
+    by one process."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("Keras 2.2.5 comes with the test extra")
+    folder = tmp_path_factory.mktemp("keras_exports")
+    subprocess.run([sys.executable, "-c", KERAS_EXPORTS, str(folder), *KERAS_MODELS], check=True,
+                   capture_output=True, env=_keras_env(), cwd=folder, timeout=900)
+
+    def export(name):
+        error = folder / f"{name}.error"
+        assert not error.exists(), error.read_text()
+        return folder / f"{name}_model", np.load(folder / f"{name}.npz")
+    return export
+
+
+def _hard_sigmoid(z):
+    return np.clip(0.2 * z + 0.5, 0.0, 1.0)
+
+
+def lstm_numpy(x, kernel, recurrent, bias):
+    """Keras 2.2.5's LSTM (gates i, f, c, o; hard sigmoid, tanh): the last output."""
+    units = recurrent.shape[0]
+    h = c = np.zeros((x.shape[0], units))
+    for t in range(x.shape[1]):
+        z = x[:, t] @ kernel + h @ recurrent + bias
+        i, f, o = (_hard_sigmoid(z[:, k * units:(k + 1) * units]) for k in (0, 1, 3))
+        c = f * c + i * np.tanh(z[:, 2 * units:3 * units])
+        h = o * np.tanh(c)
+    return h
+
+
+def gru_numpy(x, kernel, recurrent, bias):
+    """Keras 2.2.5's GRU (reset_after=False; gates z, r, h): the last output."""
+    units = recurrent.shape[0]
+    h = np.zeros((x.shape[0], units))
+    gate = [slice(k * units, (k + 1) * units) for k in range(3)]
+    for t in range(x.shape[1]):
+        xw = x[:, t] @ kernel + bias
+        z = _hard_sigmoid(xw[:, gate[0]] + h @ recurrent[:, gate[0]])
+        r = _hard_sigmoid(xw[:, gate[1]] + h @ recurrent[:, gate[1]])
+        candidate = np.tanh(xw[:, gate[2]] + (r * h) @ recurrent[:, gate[2]])
+        h = z * h + (1 - z) * candidate
+    return h
+
+
+def simple_rnn_numpy(x, kernel, recurrent, bias):
+    h = np.zeros((x.shape[0], recurrent.shape[0]))
+    for t in range(x.shape[1]):
+        h = np.tanh(x[:, t] @ kernel + h @ recurrent + bias)
+    return h
+
+
+RECURRENT_NUMPY = {
+    "lstm": lambda x, w: lstm_numpy(x, *w[:3]) @ w[3] + w[4],
+    "gru": lambda x, w: gru_numpy(x, *w[:3]) @ w[3] + w[4],
+    "simple_rnn": lambda x, w: simple_rnn_numpy(x, *w[:3]) @ w[3] + w[4],
+    # the backward LSTM reads the sequence from its end; the two outputs concatenated
+    "bidirectional": lambda x, w: np.concatenate(
+        [lstm_numpy(x, *w[:3]), lstm_numpy(x[:, ::-1], *w[3:6])], axis=1) @ w[6] + w[7],
+}
+
+
+@pytest.mark.parametrize("name", list(RECURRENT_NUMPY))
+def test_keras_recurrent_models_export(name, keras_exports, tmp_path):
+    """The scan's loop over time runs in the export: LSTM, GRU, SimpleRNN and
+    Bidirectional(LSTM), each before a Dense layer."""
+    folder, saved = keras_exports(name)
+    x = saved["x"]
+    weights = [saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files) - 2)]
+    want = RECURRENT_NUMPY[name](x.astype(np.float64), weights)
+    np.testing.assert_allclose(saved["predicted"], want, rtol=1e-4, atol=1e-5)  # the formula's check
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
+        np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])

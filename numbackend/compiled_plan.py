@@ -26,7 +26,7 @@ from . import codegen, graph, program
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
 # after it, in a whole call running convolutions
-CONV_HEADER = ["from jit_kernels import conv", ""]
+CONV_HEADER = ["from jit_kernels import conv, pool", ""]
 
 
 class Render:
@@ -161,14 +161,11 @@ def _render_steps(program_, out):
                 return False
             out.lines.append(out.kernel_line(step.kernel))
         elif isinstance(step, program.LibraryWithEpilogue):
-            pool = None if step.pool is None else step.pool.attrs["mode"]
-            lines = None if step.kernel is None else step.lowering.compiled_lines(
-                step.node, step.ins, step.unfused, out, pool=pool)
+            lines = _with_epilogue_lines(step, out)
             if lines is None:
                 out.refused = _describe(step.members)
                 return False
             out.lines += lines
-            out.lines.append(out.kernel_line(step.kernel))
         else:
             lines = step.lowering.compiled_lines(step.node, step.ins, step.out, out)
             if lines is None:
@@ -176,6 +173,30 @@ def _render_steps(program_, out):
                 return False
             out.lines += lines
     return True
+
+
+def _with_epilogue_lines(step, out):
+    """The lines of a program.LibraryWithEpilogue: the library op (pooled by it
+    where the pool comes first), the group's kernel, and in an export a pool
+    after the group; None where it has no compiled form."""
+    from .lowering import pool_export_lines
+    if step.kernel is None:
+        return None
+    pooled_after = step.unpooled is not None
+    if pooled_after and not out.export:
+        return None
+    pool = None if step.pool is None or pooled_after else step.pool.attrs["mode"]
+    lines = step.lowering.compiled_lines(step.node, step.ins, step.unfused, out, pool=pool)
+    if lines is None:
+        return None
+    lines = lines + [out.kernel_line(step.kernel)]
+    if not pooled_after:
+        return lines
+    pooling = pool_export_lines(step.pool, step.unpooled, step.out)
+    if pooling is None:
+        return None
+    out.needs_conv = True
+    return lines + pooling
 
 
 def _describe(nodes):

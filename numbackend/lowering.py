@@ -21,6 +21,7 @@ import functools
 import math
 import numbers
 import weakref
+from types import MappingProxyType
 
 import numpy as np
 
@@ -99,24 +100,58 @@ def _key_source(key):
 
 
 class Transpose(Lowering):
-    """``np.transpose(x, axes)`` as a new C-contiguous array, in an export only:
-    written as loops (Numba's np.transpose checks its axes with a list and
-    formats its errors with Python's objects, which an export cannot call)."""
+    """``np.transpose(x, axes)`` as a new C-contiguous array, in an export only."""
 
     def compiled_lines(self, node, ins, out, render):
         axes = [int(a) for a in node.attrs["axes"]]
         if not render.export or not axes:
             return None
-        index = [f"{out}_i{k}" for k in range(len(axes))]
-        source = [None] * len(axes)  # x's index along each of its axes
-        for k, a in enumerate(axes):
-            source[a] = index[k]
-        shape = "".join(f"{ins[0]}.shape[{a}], " for a in axes)
-        lines = [f"{out} = np.empty(({shape}), dtype={ins[0]}.dtype)"]
-        for k, i in enumerate(index):
-            lines.append("    " * k + f"for {i} in range({out}.shape[{k}]):")
-        lines.append("    " * len(axes) + f"{out}[{', '.join(index)}] = {ins[0]}[{', '.join(source)}]")
-        return lines
+        return _transpose_lines(ins[0], axes, out)
+
+
+def _transpose_lines(x, axes, out):
+    """Lines writing ``np.transpose(x, axes)`` into a new array ``out`` as loops
+    (Numba's np.transpose checks its axes with a list and formats its errors
+    with Python's objects, which an export cannot call)."""
+    index = [f"{out}_i{k}" for k in range(len(axes))]
+    source = [None] * len(axes)  # x's index along each of its axes
+    for k, a in enumerate(axes):
+        source[a] = index[k]
+    shape = "".join(f"{x}.shape[{a}], " for a in axes)
+    lines = [f"{out} = np.empty(({shape}), dtype={x}.dtype)"]
+    for k, i in enumerate(index):
+        lines.append("    " * k + f"for {i} in range({out}.shape[{k}]):")
+    lines.append("    " * len(axes) + f"{out}[{', '.join(index)}] = {x}[{', '.join(source)}]")
+    return lines
+
+
+class Reduce(Lowering):
+    """A sum, mean, max, min or product over axes that are not the trailing
+    ones (those fuse into kernels), of floats, in an export only: the reduced
+    axes moved last, then each row reduced."""
+
+    # each op's reduction of one row {row} of {n} items
+    ROW = MappingProxyType({"sum": "{row}.sum()", "mean": "{row}.sum() / {n}", "max": "{row}.max()",
+                           "min": "{row}.min()", "prod": "{row}.prod()"})
+
+    def compiled_lines(self, node, ins, out, render):
+        (x,) = node.inputs
+        axes = sorted(int(a) for a in node.attrs["axis"])
+        if (not render.export or node.op not in self.ROW or 0 in axes or node.ndim == 0
+                or x.dtype != node.dtype or node.dtype not in ("float32", "float64")
+                or None in x.shape[1:]):
+            return None  # (axis 0, the batch, is cut into chunks in an export)
+        kept = [a for a in range(x.ndim) if a not in axes]
+        count = int(np.prod([x.shape[a] for a in axes]))
+        moved, rows, flat, k = f"{out}_moved", f"{out}_rows", f"{out}_flat", f"{out}_k"
+        lines = _transpose_lines(ins[0], kept + axes, moved)
+        shape = "".join(f"{ins[0]}.shape[0], " if d is None else f"{int(d)}, " for d in node.shape)
+        reduced = self.ROW[node.op].format(row=f"{rows}[{k}]", n=count)
+        return lines + [f"{rows} = {moved}.reshape((-1, {count}))",
+                        f"{flat} = np.empty({rows}.shape[0], dtype=np.{node.dtype})",
+                        f"for {k} in range({rows}.shape[0]):",
+                        f"    {flat}[{k}] = {reduced}",
+                        f"{out} = {flat}.reshape(({shape}))"]
 
 
 class Reverse(Lowering):
@@ -155,6 +190,19 @@ class TupleItem(Lowering):
         if not render.export:
             return None
         return [f"{out} = {ins[0]}[{int(node.attrs['index'])}]"]
+
+
+class Gather(Lowering):
+    """Rows of a table by integer ids (an Embedding layer), in an export only:
+    jit_kernels.copying.gather_rows, whose IndexError on an id out of range
+    the export's predict raises."""
+
+    def compiled_lines(self, node, ins, out, render):
+        table, ids = node.inputs
+        if not render.export or table.ndim == 0 or np.dtype(ids.dtype).kind not in "iu":
+            return None
+        return [(f"{out} = copying.gather_rows(np.ascontiguousarray({ins[0]}), "
+                 f"np.ascontiguousarray({ins[1]}))")]
 
 
 class Concatenate(Lowering):
@@ -381,6 +429,8 @@ class Conv(Lowering):
         x, w = node.inputs
         attrs = node.attrs
         dtype = np.dtype(node.dtype)
+        if x.ndim == 3 and pool is None:
+            return _conv1d_export_lines(node, ins, out, render)
         loop = conv.direct_form(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
                                 attrs["dilation"])
         if loop is None or pool not in (None, "max"):
@@ -402,6 +452,66 @@ class Conv(Lowering):
             return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
         return [(f"{out} = conv.max_pool_2x2(conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, "
                  f"{offsets}))")]
+
+
+def _conv1d_export_lines(node, ins, out, render):
+    """An export's 1-D convolution: x (N, L, C) seen as (N, 1, L, C) and the
+    kernel (k, C, O) as (1, k, C, O), on the 2-D direct loop."""
+    from jit_kernels import conv
+    x, w = node.inputs
+    attrs = node.attrs
+    loop = conv.direct_form((None, 1) + x.shape[1:], (1,) + w.shape, np.dtype(node.dtype),
+                            (1,) + tuple(attrs["strides"]), attrs["padding"],
+                            (1,) + tuple(attrs["dilation"]))
+    if loop is None or None in node.shape[1:]:
+        return None
+    sizes = render.add_constant("conv_sizes", loop.sizes)
+    offsets = render.add_constant("conv_offsets", loop.offsets)
+    render.needs_conv = True
+    length, channels = (int(d) for d in x.shape[1:])
+    flat = "".join(f"{int(d)}, " for d in w.shape)
+    return [(f"{out} = conv.direct_forward(np.ascontiguousarray({ins[0]}).reshape(({ins[0]}.shape[0], "
+             f"1, {length}, {channels})), np.ascontiguousarray({ins[1]}).reshape((1, {flat})), "
+             f"{sizes}, {offsets}).reshape(({ins[0]}.shape[0], {int(node.shape[1])}, "
+             f"{int(node.shape[2])}))")]
+
+
+def pool_export_lines(node, x_name, out):
+    """An export's lines of the pool op ``node`` (max or average, 1 to 3 spatial
+    axes, 'valid' or 'same') on the value named ``x_name``: jit_kernels.pool's
+    serial loop on 5-D views; None where its shapes are not known but for the batch."""
+    from jit_kernels import windows
+    (x,) = node.inputs
+    attrs = node.attrs
+    if x.dtype != node.dtype or node.dtype not in ("float32", "float64") or None in x.shape[1:]:
+        return None
+    g = windows.geometry(tuple(x.shape[1:-1]), tuple(attrs["pool_size"]), tuple(attrs["strides"]),
+                         attrs["padding"])
+    channels = int(x.shape[-1])
+    batch = f"{x_name}.shape[0]"
+
+    def ints(values):
+        return "(" + "".join(f"np.int64({int(v)}), " for v in values) + ")"
+
+    def shape(spatial):
+        return f"({batch}, {''.join(f'{int(d)}, ' for d in spatial)}{channels})"
+
+    function = "pool.max_pool_serial" if attrs["mode"] == "max" else "pool.avg_pool_serial"
+    return [f"{out} = np.empty({shape(g.out[3 - g.rank:])}, dtype=np.{node.dtype})",
+            (f"{function}(np.ascontiguousarray({x_name}).reshape({shape(g.size)}), "
+             f"{out}.reshape({shape(g.out)}), {ints(g.kernel)}, {ints(g.stride)}, {ints(g.pad)})")]
+
+
+class Pool(Lowering):
+    """Max or average pooling: in an export, jit_kernels.pool's serial loop."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        lines = pool_export_lines(node, ins[0], out)
+        if lines is not None:
+            render.needs_conv = True  # the header that imports jit_kernels.pool
+        return lines
 
 
 def _kernel_transform(weights):
@@ -589,9 +699,12 @@ LOWERINGS = {
     "reshape": Reshape(),
     "concatenate": Concatenate(),
     "getitem": GetItem(),
+    "gather": Gather(),
     "transpose": Transpose(),
     "tile": Tile(),
     "reverse": Reverse(),
+    "pool": Pool(),
+    **{op: Reduce() for op in Reduce.ROW},
     "tuple_item": TupleItem(),
     "scan": Scan(),
     "reshape_like": _VIEW,

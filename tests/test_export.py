@@ -216,11 +216,10 @@ def test_predict_checks_its_inputs(mlp, tmp_path):
 
 
 def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
-    ids = K.placeholder((None, 5), dtype="int32")
-    table = K.variable(np.ones((10, 3), np.float32))
-    f = K.function([ids], [K.sum(K.gather(table, ids), axis=1)])
-    with pytest.raises(ExportError, match="no compiled form.*gather"):
-        K.export(f, str(tmp_path / "gather_model"))
+    x = K.placeholder((None, 5))
+    f = K.function([x], [K.cumsum(x * 2.0, axis=1)])
+    with pytest.raises(ExportError, match=r"no compiled form.*cumsum 'cumsum_\d+' \(None, 5\)"):
+        K.export(f, str(tmp_path / "cumsum_model"))
 
 
 def test_an_output_without_the_batch_axis_is_refused(tmp_path):
@@ -343,8 +342,9 @@ def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):
 
 
 # Runs with KERAS_BACKEND=numbackend: builds each small Keras model named on the
-# command line, saves its inputs, weights and predictions (FOLDER/<name>.npz) and
-# exports it (FOLDER/<name>_model), or writes why it did not (FOLDER/<name>.error).
+# command line (its weights drawn at random: batch statistics too), saves its
+# inputs, weights and predictions (FOLDER/<name>.npz) and exports it
+# (FOLDER/<name>_model), or writes why it did not (FOLDER/<name>.error).
 KERAS_EXPORTS = textwrap.dedent('''
     import sys, traceback
     import numpy as np
@@ -356,23 +356,46 @@ KERAS_EXPORTS = textwrap.dedent('''
     floats = lambda *shape: np.random.uniform(-1, 1, (64,) + shape).astype(np.float32)
     MODELS = {
         "lstm": lambda: ([layers.LSTM(6, input_shape=(7, 3)), layers.Dense(2)], floats(7, 3)),
-        "gru": lambda: ([layers.GRU(5, input_shape=(7, 3)), layers.Dense(2)], floats(7, 3)),
-        "simple_rnn": lambda: ([layers.SimpleRNN(5, input_shape=(7, 3)), layers.Dense(2)],
-                               floats(7, 3)),
-        "bidirectional": lambda: ([layers.Bidirectional(layers.LSTM(4), input_shape=(7, 3)),
-                                   layers.Dense(2)], floats(7, 3)),
+        # a Dense layer on a sequence: a product of a 3-D value by weights
+        "gru_simple_rnn": lambda: ([layers.GRU(5, return_sequences=True, input_shape=(7, 3)),
+                                    layers.SimpleRNN(4, return_sequences=True), layers.Dense(2)],
+                                   floats(7, 3)),
+        "bidirectional": lambda: ([layers.Bidirectional(layers.LSTM(4, return_sequences=True),
+                                                        input_shape=(7, 3)),
+                                   layers.TimeDistributed(layers.Dense(3)),
+                                   layers.GlobalMaxPooling1D(), layers.Dense(2)], floats(7, 3)),
+        "embedding_conv1d": lambda: ([layers.Embedding(11, 4, input_length=9),
+                                      layers.Conv1D(4, 3, activation="relu"),
+                                      layers.MaxPooling1D(2),
+                                      layers.Conv1D(3, 2, padding="same"),
+                                      layers.AveragePooling1D(2, strides=1, padding="same"),
+                                      layers.GlobalAveragePooling1D(), layers.Dense(2)],
+                                     np.random.randint(0, 11, (64, 9)).astype(np.float32)),
+        # pools after epilogues that do not commute with them, and pools alone
+        "batch_norm_pooling": lambda: ([layers.Conv2D(4, 3, input_shape=(10, 10, 2)),
+                                        layers.BatchNormalization(), layers.MaxPooling2D(2),
+                                        layers.Conv2D(3, 1, activation="relu"),
+                                        layers.AveragePooling2D(2),
+                                        layers.MaxPooling2D(2, strides=1, padding="same"),
+                                        layers.AveragePooling2D(3, strides=1, padding="same"),
+                                        layers.Flatten(), layers.Dense(5),
+                                        layers.BatchNormalization(), layers.Dense(2)],
+                                       floats(10, 10, 2)),
     }
     for name in sys.argv[2:]:
         try:
             stack, x = MODELS[name]()
             model = Sequential(stack)
+            for layer in model.layers:  # a batch normalisation's variances must be positive
+                low, high = (0.5, 1.5) if isinstance(layer, layers.BatchNormalization) else (-0.6, 0.6)
+                layer.set_weights([np.random.uniform(low, high, w.shape).astype(w.dtype)
+                                   for w in layer.get_weights()])
             np.savez(f"{folder}/{name}.npz", x=x, predicted=model.predict(x), *model.get_weights())
             numbackend.export(model, f"{folder}/{name}_model")
         except Exception:
             with open(f"{folder}/{name}.error", "w") as f:
                 f.write(traceback.format_exc())
 ''')
-KERAS_MODELS = ["lstm", "gru", "simple_rnn", "bidirectional"]
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +406,7 @@ def keras_exports(tmp_path_factory):
     if importlib.util.find_spec("keras") is None:
         pytest.skip("Keras 2.2.5 comes with the test extra")
     folder = tmp_path_factory.mktemp("keras_exports")
-    subprocess.run([sys.executable, "-c", KERAS_EXPORTS, str(folder), *KERAS_MODELS], check=True,
+    subprocess.run([sys.executable, "-c", KERAS_EXPORTS, str(folder), *KERAS_NUMPY], check=True,
                    capture_output=True, env=_keras_env(), cwd=folder, timeout=900)
 
     def export(name):
@@ -398,59 +421,150 @@ def _hard_sigmoid(z):
 
 
 def lstm_numpy(x, kernel, recurrent, bias):
-    """Keras 2.2.5's LSTM (gates i, f, c, o; hard sigmoid, tanh): the last output."""
+    """Keras 2.2.5's LSTM (gates i, f, c, o; hard sigmoid, tanh): every step's output."""
     units = recurrent.shape[0]
     h = c = np.zeros((x.shape[0], units))
+    outputs = []
     for t in range(x.shape[1]):
         z = x[:, t] @ kernel + h @ recurrent + bias
         i, f, o = (_hard_sigmoid(z[:, k * units:(k + 1) * units]) for k in (0, 1, 3))
         c = f * c + i * np.tanh(z[:, 2 * units:3 * units])
         h = o * np.tanh(c)
-    return h
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
 
 
 def gru_numpy(x, kernel, recurrent, bias):
-    """Keras 2.2.5's GRU (reset_after=False; gates z, r, h): the last output."""
+    """Keras 2.2.5's GRU (reset_after=False; gates z, r, h): every step's output."""
     units = recurrent.shape[0]
     h = np.zeros((x.shape[0], units))
     gate = [slice(k * units, (k + 1) * units) for k in range(3)]
+    outputs = []
     for t in range(x.shape[1]):
         xw = x[:, t] @ kernel + bias
         z = _hard_sigmoid(xw[:, gate[0]] + h @ recurrent[:, gate[0]])
         r = _hard_sigmoid(xw[:, gate[1]] + h @ recurrent[:, gate[1]])
         candidate = np.tanh(xw[:, gate[2]] + (r * h) @ recurrent[:, gate[2]])
         h = z * h + (1 - z) * candidate
-    return h
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
 
 
 def simple_rnn_numpy(x, kernel, recurrent, bias):
+    """Keras's SimpleRNN (tanh): every step's output."""
     h = np.zeros((x.shape[0], recurrent.shape[0]))
+    outputs = []
     for t in range(x.shape[1]):
         h = np.tanh(x[:, t] @ kernel + h @ recurrent + bias)
-    return h
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
 
 
-RECURRENT_NUMPY = {
-    "lstm": lambda x, w: lstm_numpy(x, *w[:3]) @ w[3] + w[4],
-    "gru": lambda x, w: gru_numpy(x, *w[:3]) @ w[3] + w[4],
-    "simple_rnn": lambda x, w: simple_rnn_numpy(x, *w[:3]) @ w[3] + w[4],
-    # the backward LSTM reads the sequence from its end; the two outputs concatenated
-    "bidirectional": lambda x, w: np.concatenate(
-        [lstm_numpy(x, *w[:3]), lstm_numpy(x[:, ::-1], *w[3:6])], axis=1) @ w[6] + w[7],
+def pool_numpy(x, size, stride, padding, reduce):
+    """Pooling of x (N, *spatial, C) by brute force: each window's input
+    positions (TensorFlow's 'same' pads (total // 2) before), ``reduce``d."""
+    spatial = x.shape[1:-1]
+    size, stride = (size,) * len(spatial), (stride,) * len(spatial)
+    if padding == "valid":
+        out = [(n - k) // s + 1 for n, k, s in zip(spatial, size, stride)]
+        before = [0] * len(spatial)
+    else:
+        out = [-(-n // s) for n, s in zip(spatial, stride)]
+        before = [max((o - 1) * s + k - n, 0) // 2 for o, s, k, n in zip(out, stride, size, spatial)]
+    y = np.empty((x.shape[0], *out, x.shape[-1]))
+    for position in np.ndindex(*out):
+        window = tuple(slice(max(p * s - b, 0), p * s - b + k)
+                       for p, s, b, k in zip(position, stride, before, size))
+        y[(slice(None), *position)] = reduce(x[(slice(None), *window)],
+                                             axis=tuple(range(1, 1 + len(spatial))))
+    return y
+
+
+def conv_numpy(x, w, b, padding="valid"):
+    """Cross-correlation of x (N, *spatial, C) with w (*taps, C, O), stride 1,
+    plus b ('same': TensorFlow's padding, (taps - 1) // 2 before)."""
+    taps = w.shape[:-2]
+    axes = tuple(range(1, 1 + len(taps)))
+    if padding == "same":
+        x = np.pad(x, [(0, 0)] + [((k - 1) // 2, k // 2) for k in taps] + [(0, 0)])
+    windows = np.lib.stride_tricks.sliding_window_view(x, taps, axis=axes)
+    # windows: (N, *out, C, *taps)
+    letters = "ijk"[:len(taps)]
+    return np.einsum(f"n...c{letters},{letters}co->n...o", windows, w) + b
+
+
+def batch_norm_numpy(h, gamma, beta, mean, variance):
+    return (h - mean) / np.sqrt(variance + 1e-3) * gamma + beta
+
+
+def _bidirectional(x, w):
+    both = np.concatenate([lstm_numpy(x, *w[:3]), lstm_numpy(x[:, ::-1], *w[3:6])[:, ::-1]],
+                          axis=2)
+    return (both @ w[6] + w[7]).max(axis=1) @ w[8] + w[9]
+
+
+def _embedding_conv1d(x, w):
+    h = w[0][x.astype(np.int64)]
+    h = pool_numpy(np.maximum(conv_numpy(h, w[1], w[2]), 0), 2, 2, "valid", np.max)
+    h = pool_numpy(conv_numpy(h, w[3], w[4], "same"), 2, 1, "same", np.mean)
+    return h.mean(axis=1) @ w[5] + w[6]
+
+
+def _batch_norm_pooling(x, w):
+    h = batch_norm_numpy(conv_numpy(x, w[0], w[1]), *w[2:6])
+    h = pool_numpy(h, 2, 2, "valid", np.max)
+    h = pool_numpy(np.maximum(conv_numpy(h, w[6], w[7]), 0), 2, 2, "valid", np.mean)
+    h = pool_numpy(h, 2, 1, "same", np.max)
+    h = pool_numpy(h, 3, 1, "same", np.mean).reshape(len(x), -1)
+    return batch_norm_numpy(h @ w[8] + w[9], *w[10:14]) @ w[14] + w[15]
+
+
+KERAS_NUMPY = {
+    "lstm": lambda x, w: lstm_numpy(x, *w[:3])[:, -1] @ w[3] + w[4],
+    "gru_simple_rnn": lambda x, w: simple_rnn_numpy(gru_numpy(x, *w[:3]), *w[3:6]) @ w[6] + w[7],
+    # the backward LSTM reads the sequence from its end; its outputs put back in order
+    "bidirectional": _bidirectional,
+    "embedding_conv1d": _embedding_conv1d,
+    "batch_norm_pooling": _batch_norm_pooling,
 }
 
 
-@pytest.mark.parametrize("name", list(RECURRENT_NUMPY))
-def test_keras_recurrent_models_export(name, keras_exports, tmp_path):
-    """The scan's loop over time runs in the export: LSTM, GRU, SimpleRNN and
-    Bidirectional(LSTM), each before a Dense layer."""
+@pytest.mark.parametrize("name", list(KERAS_NUMPY))
+def test_keras_models_export(name, keras_exports, tmp_path):
+    """The scan's loop over time runs in the export (LSTM, GRU, SimpleRNN,
+    Bidirectional), and so do Embedding, Conv1D, BatchNormalization,
+    TimeDistributed(Dense), Dense on a sequence, pooling alone or after an
+    epilogue it does not commute with, max and average, 1-D and 2-D."""
     folder, saved = keras_exports(name)
     x = saved["x"]
     weights = [saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files) - 2)]
-    want = RECURRENT_NUMPY[name](x.astype(np.float64), weights)
+    want = KERAS_NUMPY[name](x.astype(np.float64), weights)
     np.testing.assert_allclose(saved["predicted"], want, rtol=1e-4, atol=1e-5)  # the formula's check
     got = predict_in_subprocess(folder, x, tmp_path)
     for b in BATCHES:
         assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
         np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_an_embedding_id_out_of_range_is_an_index_error(keras_exports, tmp_path):
+    folder, _ = keras_exports("embedding_conv1d")
+    code = textwrap.dedent(f'''
+        import sys
+        import numpy as np
+        sys.path.insert(0, {str(folder.parent)!r})
+        import embedding_conv1d_model as model
+        ids = np.zeros((40, 9), np.float32)
+        ids[37, 4] = 11
+        try:
+            model.predict(ids)
+        except IndexError as exc:
+            print(exc)
+        print(model.predict(ids[:37]).shape)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "jit_kernels.copying.gather_rows: an index is out of range for the rows of the table",
+        "(37, 2)"]

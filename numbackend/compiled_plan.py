@@ -55,8 +55,10 @@ class Render:
     every batch size; ``refused`` names the step that has no such form.
     """
 
-    def __init__(self, program, packable=(), sliced=None, whole_call=False, export=False):
+    def __init__(self, program, packable=(), sliced=None, whole_call=False, export=False,
+                 bodies=None):
         self.program = program
+        self.bodies = bodies  # an export's plan.Bodies, which build the scans' loops
         self.packable = set(packable)
         self.sliced = sliced or {}
         self.whole_call = whole_call or export
@@ -137,11 +139,12 @@ def render(program_, packable=(), sliced=None, whole_call=False):
     return out if _render_steps(program_, out) else None
 
 
-def render_export(program_):
+def render_export(program_, bodies):
     """The program's steps as a :class:`Render` for an export (see there); its
-    ``refused`` is the first step without a compiled form, where one has none."""
+    ``refused`` is the first step without a compiled form, where one has none.
+    ``bodies``: the plan.Bodies that build its scans' compiled loops."""
     from jit_kernels import blas  # binds the BLAS names the lines call
-    out = Render(program_, export=True)
+    out = Render(program_, export=True, bodies=bodies)
     if not blas.AVAILABLE:
         out.refused = "NumPy's BLAS (jit_kernels.blas binds none in this process)"
     elif not _render_steps(program_, out):

@@ -34,6 +34,7 @@ import numpy as np
 
 from . import codegen, compiled_plan, core, runtime
 from .graph import format_shape
+from .plan import BODIES
 
 FORMAT = 1
 # the plan's symbol in the library (shim.c calls it)
@@ -107,7 +108,7 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
     program, fed, defaults = function.inference_program()
     inputs = _arrays_of(fed, "input")
     outputs = _arrays_of(program.targets, "output")
-    rendered = compiled_plan.render_export(program)
+    rendered = compiled_plan.render_export(program, BODIES)
     if rendered.refused is not None:
         raise ExportError(f"export: this step has no compiled form, so the model cannot be "
                           f"exported: {rendered.refused}")

@@ -605,20 +605,17 @@ class Scan(Lowering):
         as an unsplit loop's are.  The stacked values are allocated here, so
         each per-step value's shape must be known but for axis 0, the rows of
         the states and sequence slices, which every step keeps apart."""
-        if not render.export:
+        if not render.export or render.bodies is None:
             return None
-        from .plan import BODIES
-        from .scan_loop import ALL_ROWS
         body, keep_history = node.attrs["body"], node.attrs["keep_history"]
         n_seq, n_state, n_out = len(body.seq_inputs), len(body.state_inputs), len(body.outputs)
         n_stacked = n_out + (n_state if keep_history else 0)
-        loop = BODIES.loop(body, n_stacked)
+        loop = render.bodies.loop(body, n_stacked)
         per_step = (body.outputs + body.new_states)[:n_stacked]
         if (loop is None or loop.row_aligned is None or n_seq == 0
                 or any(None in t.shape[1:] or t.ndim == 0 for t in per_step)):
             return None
-        from . import codegen
-        function = render.function_name(codegen.load_kernel(loop.source), "loop", loop)
+        function = render.function_name(loop.module(), "loop", loop)
         constants = [render.add_constant("scan_constant", value) for value in loop.constants]
         arrays = [f"{out}_in{i}" for i in range(len(ins))]  # C-contiguous, as the loop takes them
         lines = [f"{a} = np.ascontiguousarray({name})" for a, name in zip(arrays, ins)]
@@ -636,7 +633,7 @@ class Scan(Lowering):
         packed = f"np.bool_({rows} >= {tuning.SCAN_PACKED_MIN_ROWS})" if loop.has_packable else \
             "np.bool_(False)"
         arguments = (["np.int64(0)", steps, steps, _FLAG[bool(node.attrs["reverse"])],
-                      "np.int64(0)", f"np.int64({ALL_ROWS})", packed, _FLAG[True]]
+                      "np.int64(0)", f"np.int64({np.iinfo(np.int64).max})", packed, _FLAG[True]]
                      + arrays + constants + stacked)
         lines.append(f"{result} = {function}({', '.join(arguments)})")
         finals = [] if keep_history else [f"{result}[{j}]" for j in range(n_state)]

@@ -27,7 +27,7 @@ from .graph import toposort
 from .ops import OPS
 
 # The rows lo:hi of an unsplit loop: all of them.
-ALL_ROWS = np.iinfo(np.int64).max
+_ALL_ROWS = np.iinfo(np.int64).max
 
 
 class Loop:
@@ -71,7 +71,7 @@ class Loop:
                                        stacked)
             seqs, states, invariants = ([np.ascontiguousarray(a) for a in arrays]
                                         for arrays in (seqs, states, invariants))
-            return self._run_rows(first, steps, reverse, 0, ALL_ROWS, seqs, states, invariants,
+            return self._run_rows(first, steps, reverse, 0, _ALL_ROWS, seqs, states, invariants,
                                   stacked, 1)
         except codegen.numba_error() as exc:
             warnings.warn(f"{self.where}: the loop over time did not compile, so it runs a "
@@ -97,7 +97,7 @@ class Loop:
         def work():  # for the arguments of an unsplit run (a split one passes the same types)
             arrays = [np.ascontiguousarray(a) for a in (*seqs, *states, *invariants)]
             types = compiled_plan.argument_types(
-                (first, steps, steps, reverse, 0, ALL_ROWS, False, False, *arrays,
+                (first, steps, steps, reverse, 0, _ALL_ROWS, False, False, *arrays,
                  *self.constants, *stacked))
             return functools.partial(self._compile, types)
 
@@ -108,12 +108,18 @@ class Loop:
         self._function = self._job.result
         return True
 
-    def _compile(self, argument_types):
-        """The loop's function, compiled for ``argument_types`` (not run)."""
+    def module(self):
+        """The module of the loop's source (codegen.load_kernel), held while the
+        loop lives; its function ``loop``."""
         module = codegen.load_kernel(self.source)
         codegen.hold([module], self)
-        module.loop.compile(argument_types)
-        return module.loop
+        return module
+
+    def _compile(self, argument_types):
+        """The loop's function, compiled for ``argument_types`` (not run)."""
+        function = self.module().loop
+        function.compile(argument_types)
+        return function
 
     def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
         """Steps first..steps-1 over rows lo:hi (of states and invariants already

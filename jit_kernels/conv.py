@@ -25,6 +25,7 @@ import numpy as np
 
 from . import parts, tuning
 from .columns import columns_times, columns_transposed_times, gradient_to_columns
+from .compiling import njit_cached
 from .depthwise import (
     depthwise_conv_backward_input,
     depthwise_conv_backward_kernel,
@@ -32,8 +33,9 @@ from .depthwise import (
 )
 from .direct import DirectLoop, direct_forward, direct_loop, window_products
 from .local import local_conv_backward_input, local_conv_backward_kernel, local_conv_forward
-from .pool import block_finisher
+from .pool import block_finisher, max_pool_2x2
 from .windows import (
+    JIT_OPTIONS,
     PADDINGS,
     Geometry,
     as_5d,
@@ -50,10 +52,12 @@ from .windows import (
 from .winograd import (
     POOL_MODES,
     BandWork,
+    kernel_transform,
     winograd_chunk_bands,
     winograd_forward,
     winograd_parts,
     winograd_products,
+    winograd_serial,
 )
 
 __all__ = [
@@ -74,14 +78,18 @@ __all__ = [
     "depthwise_conv_backward_input",
     "depthwise_conv_backward_kernel",
     "depthwise_conv_forward",
+    "direct_form",
     "direct_forward",
     "forward_path",
     "geometry",
+    "kernel_transform",
     "local_conv_backward_input",
     "local_conv_backward_kernel",
     "local_conv_forward",
+    "max_pool_2x2",
     "separable_conv_forward",
     "winograd_forward",
+    "winograd_or_direct",
     "winograd_parts",
 ]
 
@@ -292,6 +300,35 @@ def compiled_path(x_shape, w_shape, dtype, strides, padding, dilation):
         return None
     path = forward_path((1,) + tuple(x_shape[1:]), w_shape, dtype, strides, padding, dilation)
     return path if path.compiled is not None else None
+
+
+def direct_form(x_shape, w_shape, dtype, strides, padding, dilation):
+    """The :class:`DirectLoop` of :func:`direct_forward` for a 2-D convolution of
+    inputs of shape x_shape (N, H, W, C), N any batch (None allowed), whatever
+    algorithm :func:`forward_path` would choose; None where it is no 2-D
+    convolution of float32 or float64.  For code that runs no parts (a plan
+    exported into a library of its own)."""
+    dtype = np.dtype(dtype)
+    if len(x_shape) != 4 or None in x_shape[1:] or dtype not in (np.float32, np.float64):
+        return None
+    check_conv((1,) + tuple(x_shape[1:]), w_shape, 'direct_form')
+    g = geometry(tuple(x_shape[1:-1]), tuple(w_shape[:-2]), _hashable(strides), padding,
+                 _hashable(dilation))
+    return direct_loop(g, x_shape[-1], w_shape[-1], dtype.itemsize)
+
+
+@njit_cached(**JIT_OPTIONS)
+def winograd_or_direct(x, w, u, sizes, offsets, pool_mode, chunk):
+    """The convolution of x (N, H, W, C) with w (3, 3, C, OC) by Winograd on the
+    calling thread (:func:`winograd_serial`, ``u`` w's kernel_transform), or by
+    the direct loop of ``sizes`` and ``offsets`` (:func:`direct_form`) where x
+    holds an inf or a NaN; max pooled over 2x2 windows where ``pool_mode`` is
+    POOL_MODES['max']."""
+    finite, y = winograd_serial(x, u, pool_mode, chunk)
+    if finite:
+        return y
+    y = direct_forward(x, w, sizes, offsets)
+    return max_pool_2x2(y) if pool_mode else y
 
 
 def conv_backward_input(dy, w, x_shape, strides=1, padding='valid', dilation=1):

@@ -24,3 +24,28 @@ def copy_into(dst, src):
         dst_line, src_line = dst[index], src[index]
         for i in range(last):
             dst_line[i] = src_line[i]
+
+
+@njit_cached(nogil=True)
+def gather_rows(table, ids):
+    """``np.take(table, ids, axis=0)`` for compiled code: the rows of ``table``
+    (C-contiguous) picked by the integer array ``ids`` (C-contiguous), of shape
+    ids.shape + table.shape[1:]; an id below 0 counts from the end, as
+    numbackend's gather does.  IndexError where an id is outside
+    [-len(table), len(table))."""
+    rows = table.shape[0]
+    lines = table.reshape((rows, -1))
+    flat = ids.reshape(-1)
+    out = np.empty((flat.size, lines.shape[1]), table.dtype)
+    for i in range(flat.size):
+        row = flat[i]
+        if row < -rows or row >= rows:
+            raise IndexError("jit_kernels.copying.gather_rows: an index is out of range for the "
+                             "rows of the table")
+        if row < 0:
+            row += rows
+        source = lines[row]
+        target = out[i]
+        for j in range(lines.shape[1]):
+            target[j] = source[j]
+    return out.reshape(ids.shape + table.shape[1:])

@@ -213,6 +213,22 @@ def _check_gradient(g, dy, x_shape, what):
                          f'{expected}')
 
 
+_max_pool_serial = _max_pool.serial  # a global: compiled code cannot look up its attribute
+
+
+@njit_cached(**JIT_OPTIONS)
+def max_pool_2x2(x):
+    """Max pooling of x (N, H, W, C) over 2x2 windows with stride 2, 'valid', on
+    the calling thread: for compiled code (an exported plan's pooled convolution)."""
+    batch, height, width, channels = x.shape
+    y = np.empty((batch, height // 2, width // 2, channels), x.dtype)
+    window = (np.int64(1), np.int64(2), np.int64(2))  # the kernel and the stride
+    pad = (np.int64(0), np.int64(0), np.int64(0))
+    _max_pool_serial(x.reshape(batch, 1, height, width, channels),
+                     y.reshape(batch, 1, height // 2, width // 2, channels), window, window, pad)
+    return y
+
+
 def max_pool_forward(x, pool_size, strides=None, padding='valid'):
     """Max pooling of x (N, *spatial, C); ``strides`` defaults to ``pool_size``."""
     (x,) = float_arrays(x)

@@ -502,6 +502,50 @@ def _same_values(a, b):
     return not differ
 
 
+def kernel_transform(w):
+    """The transform (36, C, OC) of the kernel w (3, 3, C, OC) that
+    :func:`winograd_serial` reads."""
+    w = np.ascontiguousarray(w)
+    u = np.empty((36,) + w.shape[2:], w.dtype)
+    _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u.reshape(36, -1))
+    return u
+
+
+@njit_cached(**JIT_OPTIONS)
+def _parts_here(descriptors, x, arrays):
+    """Each part of ``descriptors`` on the calling thread, of arrays of x's
+    type (x.dtype: one type compiled, where a branch per type compiled both);
+    ``arrays``, a tuple of those the descriptors point into, an argument so
+    that the caller holds them until the parts are done (Numba frees a
+    variable after its last use)."""
+    for i in range(descriptors.shape[0]):
+        _winograd_part_of(descriptors[i], x.dtype)
+
+
+@njit_cached(**JIT_OPTIONS)
+def winograd_serial(x, u, pool_mode, chunk):
+    """(finite, y): :func:`winograd_forward` on the calling thread alone, for
+    ``u`` the :func:`kernel_transform` of the kernel; ``finite`` False (and y
+    empty) where x holds an inf or a NaN: the caller then takes another
+    algorithm.  For code that runs no parts (a plan exported into a library
+    of its own)."""
+    batch, height, width, channels = x.shape
+    out_ch, out_h, out_w = u.shape[2], height - 2, width - 2
+    if out_h % 4 or out_w % 4 or out_h < 4 or out_w < 4 or u.shape[1] != channels:
+        raise ValueError("winograd_serial: the outputs are not whole 4x4 blocks")
+    out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
+    pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
+    descriptors, scratch = _winograd_descriptors(
+        x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
+        np.int64(1), chunk, pool_mode, pooled, np.zeros(0, np.int64), pooled[:0], np.bool_(True))
+    if descriptors.shape[0] == 0 and batch > 0:
+        return False, np.empty((0, 0, 0, 0), x.dtype)
+    _parts_here(descriptors, x, (x, out, pooled, scratch))
+    if pool_mode:
+        return True, pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
+    return True, out.reshape(batch, out_h, out_w, out_ch)
+
+
 @njit_cached(**JIT_OPTIONS)
 def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     """conv_forward's Winograd parts over x (N, H, W, C) with w (3, 3, C, OC),

@@ -39,6 +39,7 @@ from .config import (
 from .conv import *
 from .core import *
 from .ctc import *
+from .exporting import export as export  # a model as a folder that runs with NumPy alone
 from .graph import Tensor, Variable
 from .math import *
 from .nn import *

@@ -1,5 +1,6 @@
 """``python -m numbackend demo``: build, compile and time two small models.
 ``python -m numbackend warmup`` and ``compile-report``: see compile_report.py.
+``python -m numbackend export MODEL.h5 DEST``: see exporting.py.
 
 W1 is a chain of element-wise operations (one fused kernel); W3 is a
 784-512-512-10 MLP (BLAS products, fused bias+activation kernels, a fused
@@ -95,8 +96,42 @@ def main(argv):
     if argv[:1] in (["warmup"], ["compile-report"]):
         from . import compile_report
         return compile_report.main(argv[0], argv[1:])
-    print("usage: python -m numbackend demo|warmup|compile-report", file=sys.stderr)
+    if argv[:1] == ["export"]:
+        return export_command(argv[1:])
+    print("usage: python -m numbackend demo|warmup|compile-report|export MODEL.h5 DEST",
+          file=sys.stderr)
     return 2
+
+
+def export_command(argv):
+    """``python -m numbackend export MODEL.h5 DEST [--target T] [--serial]``: the
+    Keras 2.2.5 model saved by ``model.save`` in MODEL.h5, exported into the
+    folder DEST (see numbackend.export)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m numbackend export",
+                                     description="Export a Keras model saved with model.save "
+                                     "into a folder that predicts with NumPy alone.")
+    parser.add_argument("model", help="the .h5 file of model.save (Keras 2.2.5)")
+    parser.add_argument("dest", help="the folder to write (an importable package)")
+    parser.add_argument("--target", default=None,
+                        help="CPU target: x86-64-v2, x86-64-v3 (default), x86-64-v4 (avx512) "
+                        "or host")
+    parser.add_argument("--serial", action="store_true", help="a library without threads")
+    args = parser.parse_args(argv)
+    if os.environ.setdefault("KERAS_BACKEND", "numbackend") != "numbackend":
+        print(f"export: KERAS_BACKEND is {os.environ['KERAS_BACKEND']!r}; the model loads on "
+              "numbackend", file=sys.stderr)
+        return 2
+    import keras
+
+    from . import exporting
+    model = keras.models.load_model(args.model, compile=False)
+    exporting.export(model, args.dest, target=args.target or exporting.DEFAULT_TARGET,
+                     threads=not args.serial)
+    print(f"exported {args.model} into {args.dest}")
+    return 0
 
 
 if __name__ == "__main__":

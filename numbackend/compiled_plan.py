@@ -26,7 +26,7 @@ from . import codegen, graph, program
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
 # after it, in a whole call running convolutions
-CONV_HEADER = ["from jit_kernels import conv", ""]
+CONV_HEADER = ["from jit_kernels import conv, pool", ""]
 
 
 class Render:
@@ -48,17 +48,26 @@ class Render:
     packable value runs for all steps at once, in ``hoistings``, where
     ``hoisted_products`` is true).  For a whole call (``whole_call``): the
     ``call_constants`` ({name: value}) and ``call_arguments`` ({name:
-    (variable, function of its value)}) that lowerings add.
+    (variable, function of its value)}) that lowerings add.  For an export
+    (``export``, numbackend/export.py: a whole call compiled into a library
+    of its own): no parts on OpenBLAS's threads, whose pool and compiled parts
+    are this process's addresses, and products by weights on their panels at
+    every batch size; ``refused`` names the step that has no such form.
     """
 
-    def __init__(self, program, packable=(), sliced=None, whole_call=False):
+    def __init__(self, program, packable=(), sliced=None, whole_call=False, export=False,
+                 bodies=None):
         self.program = program
+        self.bodies = bodies  # an export's plan.Bodies, which build the scans' loops
         self.packable = set(packable)
         self.sliced = sliced or {}
-        self.whole_call = whole_call
+        self.whole_call = whole_call or export
+        self.export = export
+        self.refused = None  # the first step with no compiled form, where render refused
         self.lines, self.variables, self.packings, self.hoistings = [], [], {}, []
         self.call_constants, self.call_arguments = {}, {}
         self.kernels, self.modules = {}, {}
+        self.functions = {}  # {(module key, attribute): name} of compiled functions the lines call
         self.runs_parts = False  # parts on BLAS's threads: the call holds its lock
         self.needs_conv = False
 
@@ -87,9 +96,21 @@ class Render:
         self.modules[module.KEY] = module
         return f"({''.join(o + ', ' for o in call.outs)}) = {kernel}({', '.join(call.args)})"
 
+    def function_name(self, module, attribute, holder=None):
+        """A name for ``module``'s compiled function ``attribute`` (a module of
+        codegen.load_kernel: a scan's loop), bound by :attr:`kernel_lines`;
+        ``holder`` (a scan_loop.Loop) holds the kernel modules it calls."""
+        self.modules[module.KEY] = module
+        if holder is not None:
+            for held in holder.kernel_modules:
+                self.modules[held.KEY] = held
+        return self.functions.setdefault((module.KEY, attribute), f"function{len(self.functions)}")
+
     @property
     def kernel_lines(self):
-        return [f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
+        return ([f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
+                + [f"{name} = loaded_kernel({key!r}).{attribute}"
+                   for (key, attribute), name in self.functions.items()])
 
     @property
     def kernel_modules(self):
@@ -115,28 +136,75 @@ def render(program_, packable=(), sliced=None, whole_call=False):
     if not blas.AVAILABLE:
         return None
     out = Render(program_, packable, sliced, whole_call)
+    return out if _render_steps(program_, out) else None
+
+
+def render_export(program_, bodies):
+    """The program's steps as a :class:`Render` for an export (see there); its
+    ``refused`` is the first step without a compiled form, where one has none.
+    ``bodies``: the plan.Bodies that build its scans' compiled loops."""
+    from jit_kernels import blas  # binds the BLAS names the lines call
+    out = Render(program_, export=True, bodies=bodies)
+    if not blas.AVAILABLE:
+        out.refused = "NumPy's BLAS (jit_kernels.blas binds none in this process)"
+    elif not _render_steps(program_, out):
+        out.lines = []
+    return out
+
+
+def _render_steps(program_, out):
+    """Write the program's steps into ``out`` (a :class:`Render`); False, with
+    ``out.refused`` the step's description, where a step has no compiled form."""
     for step in program_.steps:
         if isinstance(step, program.ReadVariable):
             out.variables.append((step.variable, step.out))
         elif isinstance(step, program.FusedGroup):
             if step.kernel is None:
-                return None
+                out.refused = f"{_describe(step.group.members)} (inputs broadcast along two axes)"
+                return False
             out.lines.append(out.kernel_line(step.kernel))
         elif isinstance(step, program.LibraryWithEpilogue):
-            if step.kernel is None:
-                return None
-            pool = None if step.pool is None else step.pool.attrs["mode"]
-            lines = step.lowering.compiled_lines(step.node, step.ins, step.unfused, out, pool=pool)
+            lines = _with_epilogue_lines(step, out)
             if lines is None:
-                return None
+                out.refused = _describe(step.members)
+                return False
             out.lines += lines
-            out.lines.append(out.kernel_line(step.kernel))
         else:
             lines = step.lowering.compiled_lines(step.node, step.ins, step.out, out)
             if lines is None:
-                return None
+                out.refused = _describe([step.node])
+                return False
             out.lines += lines
-    return out
+    return True
+
+
+def _with_epilogue_lines(step, out):
+    """The lines of a program.LibraryWithEpilogue: the library op (pooled by it
+    where the pool comes first), the group's kernel, and in an export a pool
+    after the group; None where it has no compiled form."""
+    from .lowering import pool_export_lines
+    if step.kernel is None:
+        return None
+    pooled_after = step.unpooled is not None
+    if pooled_after and not out.export:
+        return None
+    pool = None if step.pool is None or pooled_after else step.pool.attrs["mode"]
+    lines = step.lowering.compiled_lines(step.node, step.ins, step.unfused, out, pool=pool)
+    if lines is None:
+        return None
+    lines = lines + [out.kernel_line(step.kernel)]
+    if not pooled_after:
+        return lines
+    pooling = pool_export_lines(step.pool, step.unpooled, step.out)
+    if pooling is None:
+        return None
+    out.needs_conv = True
+    return lines + pooling
+
+
+def _describe(nodes):
+    """Graph nodes in words: their ops and names, shapes and types."""
+    return " -> ".join(f"{n.op} {n.name!r} {graph.format_shape(n.shape)} {n.dtype}" for n in nodes)
 
 
 class Call:
@@ -147,7 +215,7 @@ class Call:
     wrong).
 
     The call takes the placeholders' arrays and the int64 addresses of the
-    arrays it reads besides (``held``: :class:`_Held`, in the order of the
+    arrays it reads besides (``held``: :class:`Held`, in the order of the
     source's ``addresses``; a scalar is an array of one item).  The addresses
     are read again only where a variable's value has been replaced since the
     last call (graph.values_version): each array argument of a Numba function
@@ -224,7 +292,7 @@ def _addresses_type():
     return numba.typeof(np.zeros(1, np.int64))
 
 
-class _Held:
+class Held:
     """An array a whole call reads through its address: a constant (a scalar
     as an array of one item, read as its item), a variable's value, or
     ``function`` of it (worked out again only where the value is another
@@ -258,17 +326,14 @@ class _Held:
         return f"{self.name} = parts.array_at(addresses[{index}], {shape!r}, np.{dtype}){item}"
 
 
-def compile_call(program_):
-    """The program as one :class:`Call`, or None where a step has no compiled form."""
-    from jit_kernels import blas
-    rendered = render(program_, whole_call=True)
-    if rendered is None or any(p.ndim == 0 for p in program_.placeholders) or any(
-            t.ndim == 0 for t in program_.targets):
-        return None  # a scalar is a NumPy scalar in the plan, not an array
-    held = [_Held(name, v.shape, v.dtype, variable=v) for v, name in rendered.variables]
+def held_arrays(program_, rendered):
+    """The arrays that the lines of ``rendered`` (a :class:`Render` of ``program_``)
+    read besides the placeholders: a list of :class:`Held`, and the names of
+    those that are scalars (an array of one item, read as its item)."""
+    held = [Held(name, v.shape, v.dtype, variable=v) for v, name in rendered.variables]
     for name, (variable, function) in rendered.call_arguments.items():
         result = function(variable.value)  # its shape and type, as the source gives them
-        held.append(_Held(name, result.shape, result.dtype, variable=variable, function=function))
+        held.append(Held(name, result.shape, result.dtype, variable=variable, function=function))
     scalars = set()
     constants = {c: program_.constants[c] for c in rendered.constant_names}
     for name, value in {**constants, **rendered.call_constants}.items():
@@ -276,7 +341,18 @@ def compile_call(program_):
             # a Python or NumPy scalar: its item, of the type Numba gives it
             value = np.asarray(value).reshape(1)
             scalars.add(name)
-        held.append(_Held(name, value.shape, value.dtype, constant=np.ascontiguousarray(value)))
+        held.append(Held(name, value.shape, value.dtype, constant=np.ascontiguousarray(value)))
+    return held, scalars
+
+
+def compile_call(program_):
+    """The program as one :class:`Call`, or None where a step has no compiled form."""
+    from jit_kernels import blas
+    rendered = render(program_, whole_call=True)
+    if rendered is None or any(p.ndim == 0 for p in program_.placeholders) or any(
+            t.ndim == 0 for t in program_.targets):
+        return None  # a scalar is a NumPy scalar in the plan, not an array
+    held, scalars = held_arrays(program_, rendered)
     params = [f"p{i}" for i in range(len(program_.placeholders))] + ["addresses"]
     results = [name if new else f"{name}.copy()"  # the caller owns what it gets
                for name, new in zip(program_.result_names, program_.result_fresh)]

@@ -21,6 +21,7 @@ import functools
 import math
 import numbers
 import weakref
+from types import MappingProxyType
 
 import numpy as np
 
@@ -74,6 +75,136 @@ class Reshape(View):
         return [f"{out} = {ins[0]}.reshape(({''.join(f'{int(d)}, ' for d in shape)}))"]
 
 
+class GetItem(Lowering):
+    """``x[key]`` (ints, slices, None, Ellipsis), copied to a C-contiguous array
+    as the op's own function does; compiled in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or node.ndim == 0:
+            return None  # an item would be a Numba scalar, not an array
+        return [f"{out} = np.ascontiguousarray({ins[0]}[{_key_source(node.attrs['key'])}])"]
+
+
+def _key_source(key):
+    """The source of an index ``key`` (a tuple of ints, slices, None and
+    Ellipsis, as ops.indexing.getitem checked it)."""
+    def item(k):
+        if k is None:
+            return "None"
+        if k is Ellipsis:
+            return "..."
+        if isinstance(k, slice):
+            return ":".join("" if v is None else str(int(v)) for v in (k.start, k.stop, k.step))
+        return str(int(k))
+    return "".join(item(k) + ", " for k in key)
+
+
+class Transpose(Lowering):
+    """``np.transpose(x, axes)`` as a new C-contiguous array, in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        axes = [int(a) for a in node.attrs["axes"]]
+        if not render.export or not axes:
+            return None
+        return _transpose_lines(ins[0], axes, out)
+
+
+def _transpose_lines(x, axes, out):
+    """Lines writing ``np.transpose(x, axes)`` into a new array ``out`` as loops
+    (Numba's np.transpose checks its axes with a list and formats its errors
+    with Python's objects, which an export cannot call)."""
+    index = [f"{out}_i{k}" for k in range(len(axes))]
+    source = [None] * len(axes)  # x's index along each of its axes
+    for k, a in enumerate(axes):
+        source[a] = index[k]
+    shape = "".join(f"{x}.shape[{a}], " for a in axes)
+    lines = [f"{out} = np.empty(({shape}), dtype={x}.dtype)"]
+    for k, i in enumerate(index):
+        lines.append("    " * k + f"for {i} in range({out}.shape[{k}]):")
+    lines.append("    " * len(axes) + f"{out}[{', '.join(index)}] = {x}[{', '.join(source)}]")
+    return lines
+
+
+class Reduce(Lowering):
+    """A sum, mean, max, min or product over axes that are not the trailing
+    ones (those fuse into kernels), of floats, in an export only: the reduced
+    axes moved last, then each row reduced."""
+
+    # each op's reduction of one row {row} of {n} items
+    ROW = MappingProxyType({"sum": "{row}.sum()", "mean": "{row}.sum() / {n}", "max": "{row}.max()",
+                           "min": "{row}.min()", "prod": "{row}.prod()"})
+
+    def compiled_lines(self, node, ins, out, render):
+        (x,) = node.inputs
+        axes = sorted(int(a) for a in node.attrs["axis"])
+        if (not render.export or node.op not in self.ROW or 0 in axes or node.ndim == 0
+                or x.dtype != node.dtype or node.dtype not in ("float32", "float64")
+                or None in x.shape[1:]):
+            return None  # (axis 0, the batch, is cut into chunks in an export)
+        kept = [a for a in range(x.ndim) if a not in axes]
+        count = int(np.prod([x.shape[a] for a in axes]))
+        moved, rows, flat, k = f"{out}_moved", f"{out}_rows", f"{out}_flat", f"{out}_k"
+        lines = _transpose_lines(ins[0], kept + axes, moved)
+        shape = "".join(f"{ins[0]}.shape[0], " if d is None else f"{int(d)}, " for d in node.shape)
+        reduced = self.ROW[node.op].format(row=f"{rows}[{k}]", n=count)
+        return lines + [f"{rows} = {moved}.reshape((-1, {count}))",
+                        f"{flat} = np.empty({rows}.shape[0], dtype=np.{node.dtype})",
+                        f"for {k} in range({rows}.shape[0]):",
+                        f"    {flat}[{k}] = {reduced}",
+                        f"{out} = {flat}.reshape(({shape}))"]
+
+
+class Reverse(Lowering):
+    """``np.flip(x, axes)``, copied to a C-contiguous array; in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or node.ndim == 0:
+            return None
+        axes = set(node.attrs["axes"])
+        key = "".join("::-1, " if a in axes else ":, " for a in range(node.ndim))
+        return [f"{out} = np.ascontiguousarray({ins[0]}[{key}])"]
+
+
+class Tile(Lowering):
+    """``np.tile(x, reps)`` (one count per axis), in an export only: x seen as
+    (1, n0, 1, n1, ...), broadcast to (r0, n0, r1, n1, ...), copied, and
+    reshaped to (r0 * n0, r1 * n1, ...)."""
+
+    def compiled_lines(self, node, ins, out, render):
+        (x,) = node.inputs
+        reps = node.attrs["reps"]
+        if not render.export or x.ndim == 0:
+            return None
+        sizes = [f"{ins[0]}.shape[{i}]" for i in range(x.ndim)]
+        spread = "".join(f"1, {n}, " for n in sizes)
+        wide = "".join(f"{int(r)}, {n}, " for r, n in zip(reps, sizes))
+        tiled = "".join(f"{int(r)} * {n}, " for r, n in zip(reps, sizes))
+        return [(f"{out} = np.ascontiguousarray(np.broadcast_to({ins[0]}.reshape(({spread})), "
+                 f"({wide}))).reshape(({tiled}))")]
+
+
+class TupleItem(Lowering):
+    """Item ``index`` of a multi-output step's tuple (a scan's); in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        return [f"{out} = {ins[0]}[{int(node.attrs['index'])}]"]
+
+
+class Gather(Lowering):
+    """Rows of a table by integer ids (an Embedding layer), in an export only:
+    jit_kernels.copying.gather_rows, whose IndexError on an id out of range
+    the export's predict raises."""
+
+    def compiled_lines(self, node, ins, out, render):
+        table, ids = node.inputs
+        if not render.export or table.ndim == 0 or np.dtype(ids.dtype).kind not in "iu":
+            return None
+        return [(f"{out} = copying.gather_rows(np.ascontiguousarray({ins[0]}), "
+                 f"np.ascontiguousarray({ins[1]}))")]
+
+
 class Concatenate(Lowering):
     def compiled_lines(self, node, ins, out, render):
         # (the gradient of per-gate slices, in a scan's loop)
@@ -110,6 +241,8 @@ class Dot(Lowering):
         return ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
 
     def compiled_lines(self, node, ins, out, render):
+        if render.export and node.inputs[0].ndim > 2:
+            return self._batched_weights_lines(node, ins, out, render)
         if not (_blas().AVAILABLE and is_float_matrix_product(node)):
             return None
         if render.whole_call:
@@ -127,10 +260,15 @@ class Dot(Lowering):
         between BLAS's threads where the weights are many; else through BLAS.
         None where parts cannot run from compiled code."""
         from jit_kernels import packed, parts
+        panels = render.add_argument("weights_panels", weights, _panels)
+        if render.export:
+            # every batch size on the panels: the export's threads each run a
+            # chunk of rows, and its library then needs no BLAS for a layer
+            return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+                    f"packed.matmul_packed({ins[0]}, {panels}, {out})"]
         in_parts = math.prod(weights.shape) >= tuning.PACKED_WEIGHTS_MIN_ITEMS
         if in_parts and not parts.pool_from_compiled():
             return None
-        panels = render.add_argument("weights_panels", weights, _panels)
         if in_parts:
             part = render.add_constant(
                 "weights_part", packed.product_parts[np.dtype(node.dtype).itemsize]()[0], runs_parts=True)
@@ -142,6 +280,25 @@ class Dot(Lowering):
                 f"    {product}",
                 "else:",
                 f"    {PRODUCT}({ins[0]}, {ins[1]}, {out}, {_FLAG[False]}, {_FLAG[False]})"]
+
+    @staticmethod
+    def _batched_weights_lines(node, ins, out, render):
+        """An export's product of x of rank > 2 by a matrix of weights (a Dense
+        layer on a sequence): x's rows, all axes but the last flattened, on the
+        weights' panels, reshaped back."""
+        x, w = node.inputs
+        weights = render.variable_named(ins[1])
+        if (weights is None or w.ndim != 2 or node.attrs.get("transpose_a")
+                or node.attrs.get("transpose_b") or node.dtype not in ("float32", "float64")
+                or not x.dtype == w.dtype == node.dtype):
+            return None
+        panels = render.add_argument("weights_panels", weights, _panels)
+        rows, flat = f"{out}_rows", f"{out}_flat"
+        shape = "".join(f"{ins[0]}.shape[{i}], " for i in range(x.ndim - 1))
+        return [f"{rows} = np.ascontiguousarray({ins[0]}).reshape((-1, {ins[0]}.shape[{x.ndim - 1}]))",
+                f"{flat} = np.empty(({rows}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+                f"packed.matmul_packed({rows}, {panels}, {flat})",
+                f"{out} = {flat}.reshape(({shape}{ins[1]}.shape[1]))"]
 
     @staticmethod
     def _product_lines(node, ins, out, render):
@@ -240,6 +397,8 @@ class Conv(Lowering):
         if x.dtype != node.dtype or w.dtype != node.dtype or None in w.shape:
             return None
         attrs = node.attrs
+        if render.export:
+            return self._export_lines(node, ins, out, render, pool)
         path = conv.compiled_path(x.shape, w.shape, np.dtype(node.dtype), attrs["strides"],
                                   attrs["padding"], attrs["dilation"])
         if path is None:
@@ -259,6 +418,106 @@ class Conv(Lowering):
         render.needs_conv = True
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
                 f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
+
+    @staticmethod
+    def _export_lines(node, ins, out, render, pool):
+        """An export's lines (compiled_plan.Render): the direct loop for every
+        2-D convolution (Winograd's compiled form runs parts on OpenBLAS's
+        threads), then a 2x2 max pooling where ``pool`` is 'max' (the epilogue
+        kernel then runs on the pooled values, as a pool-first step says)."""
+        from jit_kernels import conv
+        x, w = node.inputs
+        attrs = node.attrs
+        dtype = np.dtype(node.dtype)
+        if x.ndim == 3 and pool is None:
+            return _conv1d_export_lines(node, ins, out, render)
+        loop = conv.direct_form(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
+                                attrs["dilation"])
+        if loop is None or pool not in (None, "max"):
+            return None
+        sizes = render.add_constant("conv_sizes", loop.sizes)
+        offsets = render.add_constant("conv_offsets", loop.offsets)
+        render.needs_conv = True
+        path = conv.compiled_path(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
+                                  attrs["dilation"])
+        weights = render.variable_named(ins[1])
+        if path is not None and path.algorithm == "winograd" and weights is not None:
+            # Winograd where the plan takes it, on the calling thread, the
+            # kernel's transform made once per value of the weights
+            transform = render.add_argument("conv_transform", weights, _kernel_transform)
+            return [(f"{out} = conv.winograd_or_direct({ins[0]}, {ins[1]}, {transform}, {sizes}, "
+                     f"{offsets}, np.int64({conv.POOL_MODES[pool]}), "
+                     f"np.int64({path.compiled.chunk}))")]
+        if pool is None:
+            return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
+        return [(f"{out} = conv.max_pool_2x2(conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, "
+                 f"{offsets}))")]
+
+
+def _conv1d_export_lines(node, ins, out, render):
+    """An export's 1-D convolution: x (N, L, C) seen as (N, 1, L, C) and the
+    kernel (k, C, O) as (1, k, C, O), on the 2-D direct loop."""
+    from jit_kernels import conv
+    x, w = node.inputs
+    attrs = node.attrs
+    loop = conv.direct_form((None, 1) + x.shape[1:], (1,) + w.shape, np.dtype(node.dtype),
+                            (1,) + tuple(attrs["strides"]), attrs["padding"],
+                            (1,) + tuple(attrs["dilation"]))
+    if loop is None or None in node.shape[1:]:
+        return None
+    sizes = render.add_constant("conv_sizes", loop.sizes)
+    offsets = render.add_constant("conv_offsets", loop.offsets)
+    render.needs_conv = True
+    length, channels = (int(d) for d in x.shape[1:])
+    flat = "".join(f"{int(d)}, " for d in w.shape)
+    return [(f"{out} = conv.direct_forward(np.ascontiguousarray({ins[0]}).reshape(({ins[0]}.shape[0], "
+             f"1, {length}, {channels})), np.ascontiguousarray({ins[1]}).reshape((1, {flat})), "
+             f"{sizes}, {offsets}).reshape(({ins[0]}.shape[0], {int(node.shape[1])}, "
+             f"{int(node.shape[2])}))")]
+
+
+def pool_export_lines(node, x_name, out):
+    """An export's lines of the pool op ``node`` (max or average, 1 to 3 spatial
+    axes, 'valid' or 'same') on the value named ``x_name``: jit_kernels.pool's
+    serial loop on 5-D views; None where its shapes are not known but for the batch."""
+    from jit_kernels import windows
+    (x,) = node.inputs
+    attrs = node.attrs
+    if x.dtype != node.dtype or node.dtype not in ("float32", "float64") or None in x.shape[1:]:
+        return None
+    g = windows.geometry(tuple(x.shape[1:-1]), tuple(attrs["pool_size"]), tuple(attrs["strides"]),
+                         attrs["padding"])
+    channels = int(x.shape[-1])
+    batch = f"{x_name}.shape[0]"
+
+    def ints(values):
+        return "(" + "".join(f"np.int64({int(v)}), " for v in values) + ")"
+
+    def shape(spatial):
+        return f"({batch}, {''.join(f'{int(d)}, ' for d in spatial)}{channels})"
+
+    function = "pool.max_pool_serial" if attrs["mode"] == "max" else "pool.avg_pool_serial"
+    return [f"{out} = np.empty({shape(g.out[3 - g.rank:])}, dtype=np.{node.dtype})",
+            (f"{function}(np.ascontiguousarray({x_name}).reshape({shape(g.size)}), "
+             f"{out}.reshape({shape(g.out)}), {ints(g.kernel)}, {ints(g.stride)}, {ints(g.pad)})")]
+
+
+class Pool(Lowering):
+    """Max or average pooling: in an export, jit_kernels.pool's serial loop."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        lines = pool_export_lines(node, ins[0], out)
+        if lines is not None:
+            render.needs_conv = True  # the header that imports jit_kernels.pool
+        return lines
+
+
+def _kernel_transform(weights):
+    """Winograd's transform of a convolution's kernel ``weights``."""
+    from jit_kernels import conv
+    return conv.kernel_transform(weights)
 
 
 def _library_with_epilogue(step, module, fallback):
@@ -339,6 +598,49 @@ class Scan(Lowering):
         return call
 
 
+    def compiled_lines(self, node, ins, out, render):
+        """In an export only: every step in the body's compiled loop
+        (scan_loop.py; the first too, as the loop repeats what the plan's first
+        step does), on the calling thread, its products hoisted out of the loop
+        as an unsplit loop's are.  The stacked values are allocated here, so
+        each per-step value's shape must be known but for axis 0, the rows of
+        the states and sequence slices, which every step keeps apart."""
+        if not render.export or render.bodies is None:
+            return None
+        body, keep_history = node.attrs["body"], node.attrs["keep_history"]
+        n_seq, n_state, n_out = len(body.seq_inputs), len(body.state_inputs), len(body.outputs)
+        n_stacked = n_out + (n_state if keep_history else 0)
+        loop = render.bodies.loop(body, n_stacked)
+        per_step = (body.outputs + body.new_states)[:n_stacked]
+        if (loop is None or loop.row_aligned is None or n_seq == 0
+                or any(None in t.shape[1:] or t.ndim == 0 for t in per_step)):
+            return None
+        function = render.function_name(loop.module(), "loop", loop)
+        constants = [render.add_constant("scan_constant", value) for value in loop.constants]
+        arrays = [f"{out}_in{i}" for i in range(len(ins))]  # C-contiguous, as the loop takes them
+        lines = [f"{a} = np.ascontiguousarray({name})" for a, name in zip(arrays, ins)]
+        seqs, states = arrays[:n_seq], arrays[n_seq:n_seq + n_state]
+        steps, rows, result = f"{out}_steps", f"{out}_rows", f"{out}_finals"
+        lines += [f"{steps} = {seqs[0]}.shape[0]",
+                  f"{rows} = {states[0]}.shape[0]" if states else f"{rows} = {seqs[0]}.shape[1]"]
+        stacked = []
+        for k, t in enumerate(per_step):
+            name = f"{out}_stacked{k}"
+            first = rows if t.shape[0] is None else str(int(t.shape[0]))
+            shape = "".join(f", {int(d)}" for d in t.shape[1:])
+            lines.append(f"{name} = np.empty(({steps}, {first}{shape}), dtype=np.{t.dtype})")
+            stacked.append(name)
+        packed = f"np.bool_({rows} >= {tuning.SCAN_PACKED_MIN_ROWS})" if loop.has_packable else \
+            "np.bool_(False)"
+        arguments = (["np.int64(0)", steps, steps, _FLAG[bool(node.attrs["reverse"])],
+                      "np.int64(0)", f"np.int64({np.iinfo(np.int64).max})", packed, _FLAG[True]]
+                     + arrays + constants + stacked)
+        lines.append(f"{result} = {function}({', '.join(arguments)})")
+        finals = [] if keep_history else [f"{result}[{j}]" for j in range(n_state)]
+        lines.append(f"{out} = ({''.join(v + ', ' for v in stacked + finals)})")
+        return lines
+
+
 def _run_scan(arrays, body, reverse, keep_history, bodies, loop_due):
     """The scan's value: stacked per-step outputs, then the states (stacked or
     final).  ``loop_due``: the steps after the first may run in the compiled loop."""
@@ -393,6 +695,14 @@ LOWERINGS = {
     "conv": Conv(),
     "reshape": Reshape(),
     "concatenate": Concatenate(),
+    "getitem": GetItem(),
+    "gather": Gather(),
+    "transpose": Transpose(),
+    "tile": Tile(),
+    "reverse": Reverse(),
+    "pool": Pool(),
+    **{op: Reduce() for op in Reduce.ROW},
+    "tuple_item": TupleItem(),
     "scan": Scan(),
     "reshape_like": _VIEW,
     "reshape_dynamic": _VIEW,

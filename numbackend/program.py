@@ -99,7 +99,9 @@ class LibraryWithEpilogue:
     with ``pool`` (a 'pool' node after the group), pooled as well: first,
     where ``pool_first``, else after the group.  ``out`` is the result of
     the last of them.  The compiled form, where there is one: the library
-    op into ``unfused``, then ``kernel`` over it."""
+    op into ``unfused``, then ``kernel`` over it; with a pool after the
+    group, ``kernel`` writes ``unpooled``, which the pool reads (compiled in
+    an export only)."""
     node: Tensor
     lowering: object
     ins: list
@@ -114,6 +116,7 @@ class LibraryWithEpilogue:
     out: str
     unfused: str = None
     kernel: KernelCall = None
+    unpooled: str = None
 
     @property
     def members(self):
@@ -284,13 +287,14 @@ class _Builder:
                                    kernel_spec(g, inputs, members, 1, patterns, flat, {}, on_rows=True),
                                    pool, pool_first, name)
         # the compiled form: the library op, then the group's kernel over its
-        # result (pooled first, where it pools at all)
-        if pool is None or pool_first:
-            step.unfused = self.new_name("v")
-            args = list(others)
-            args.insert(position, step.unfused)
-            step.kernel = KernelCall(kernel_spec(g, inputs, members, split, patterns, flat, {}),
-                                     self._kernel_args(args, patterns, inputs), [name])
+        # result (pooled first where pool_first, else after the kernel)
+        step.unfused = self.new_name("v")
+        if pool is not None and not pool_first:
+            step.unpooled = self.new_name("v")
+        args = list(others)
+        args.insert(position, step.unfused)
+        step.kernel = KernelCall(kernel_spec(g, inputs, members, split, patterns, flat, {}),
+                                 self._kernel_args(args, patterns, inputs), [step.unpooled or name])
         self.program.steps.append(step)
         self.names[step.result.id] = name
         self.fresh[step.result.id] = True

@@ -281,6 +281,17 @@ class Function:
             finally:
                 gate.leave()
 
+    def inference_program(self):
+        """``(program, inputs, defaults)`` for an export (numbackend/exporting.py):
+        the program of the plan that predicts (where a placeholder has a plan per
+        value, Keras's learning phase, the plan of 0), the function's inputs that
+        are its first placeholders, in order, and the values of its other
+        placeholders (those not among the inputs, which have a default)."""
+        if self._per_value is None:
+            return self._current().plan.program, list(self.inputs), list(self._defaults)
+        inputs = [x for i, x in enumerate(self.inputs) if i != self._per_value]
+        return self._runner_for(0).plan.program, inputs, list(self._defaults)
+
     def explain(self):
         """The compiled plan, one line per step (where a placeholder has a plan per
         value, the plan of the value last fed: before any call, of its default)."""

@@ -110,12 +110,18 @@ class Loop:
         self._function = self._job.result
         return True
 
-    def _compile(self, argument_types):
-        """The loop's function, compiled for ``argument_types`` (not run)."""
+    def module(self):
+        """The module of the loop's source (codegen.load_kernel), held while the
+        loop lives; its function ``loop``."""
         module = codegen.load_kernel(self.source)
         codegen.hold([module], self)
-        module.loop.compile(argument_types)
-        return module.loop
+        return module
+
+    def _compile(self, argument_types):
+        """The loop's function, compiled for ``argument_types`` (not run)."""
+        function = self.module().loop
+        function.compile(argument_types)
+        return function
 
     def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
         """Steps first..steps-1 over rows lo:hi (of states and invariants already

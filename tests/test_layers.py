@@ -19,7 +19,8 @@ LAYERS = [
     ("code generation", {"codegen", "compiled_plan", "scan_loop", "plan"}),
     ("runtime", {"runtime"}),
     ("API", {"core", "math", "nn", "conv", "rnn", "ctc", "random", "sparse", "updates",
-             "keras1", "keras_compat", "batch_inference", "compile_report", "__init__",
+             "keras1", "keras_compat", "batch_inference", "compile_report", "exporting",
+             "export_files", "__init__",
              "__main__"}),
 ]
 

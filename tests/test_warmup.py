@@ -29,6 +29,9 @@ NOT_RECORDED = {
     # inline='always' helpers whose callers inline them (no code of their own compiled)
     "parts._now_ns", "parts.array_at", "winograd._a_transposed", "winograd._b_transposed",
     "winograd._pooled_row", "winograd._twice",
+    # what only an export's plan calls (numbackend.export, whose compile links them in)
+    "conv.winograd_or_direct", "pool.max_pool_2x2", "winograd._parts_here",
+    "winograd.winograd_serial", "copying.gather_rows",
 }
 
 

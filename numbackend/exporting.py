@@ -1,0 +1,369 @@
+"""``numbackend.export``: a model's inference plan as a folder that runs with NumPy alone.
+
+The folder is a Python package: ``import DEST; DEST.predict(x)`` needs NumPy
+and nothing else (no Numba, llvmlite or Keras), and a C program can call the
+same library through ``model.h``.  It holds
+
+- ``model.so``: the whole inference plan compiled into one shared library:
+  the plan written as one Numba function (the whole call's lines,
+  compiled_plan.render_export) of int64 arguments (the rows of a chunk, the
+  address of a table of array addresses), compiled with every kernel it calls
+  into one LLVM module, that module emitted as an object file for the chosen
+  CPU target, and linked by the system's C compiler with
+  ``export_files/shim.c`` (Numba's allocation, the BLAS names, the weights
+  file, chunks and threads, error codes);
+- ``weights.bin``: a header, then every array the plan reads besides its
+  inputs (weights, packed panels, constants), 64-byte aligned;
+- ``__init__.py``: the loader (export_files/loader.py: ctypes and NumPy);
+- ``model.h``: the C API;
+- ``manifest.json``: the inputs' and outputs' shapes and types, the CPU target
+  and the features it needs (checked at load), the numbackend version, threads.
+
+A C compiler (``cc``, or ``$CC``) is needed at export time only.
+"""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import types
+
+import numpy as np
+
+from . import codegen, compiled_plan, core, runtime
+from .graph import format_shape
+from .plan import BODIES
+
+FORMAT = 1
+# the plan's symbol in the library (shim.c calls it)
+PLAN_SYMBOL = "numbackend_export_plan"
+# rows per chunk of a batch: each chunk runs the plan once, on one thread
+CHUNK_ROWS = 32
+_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "export_files")
+# the symbols the plan may leave undefined: shim.c's, libc's and libm's
+_PROVIDED = {
+    "NRT_MemInfo_alloc_aligned", "NRT_MemInfo_alloc_safe_aligned", "NRT_MemInfo_alloc",
+    "NRT_MemInfo_alloc_safe", "NRT_MemInfo_call_dtor", "NRT_Allocate", "NRT_Free",
+    "numba_attempt_nocopy_reshape", "numbackend_sgemm", "numbackend_dgemm", "numbackend_sgemv",
+    "numbackend_dgemv", "memset", "memcpy", "memmove", "memcmp", "malloc", "free",
+}
+_LIBM = {"exp", "expf", "log", "logf", "log1p", "log1pf", "expm1", "expm1f", "pow", "powf", "sqrt",
+         "sqrtf", "tanh", "tanhf", "sin", "sinf", "cos", "cosf", "tan", "tanf", "atan", "atanf",
+         "atan2", "atan2f", "fmod", "fmodf", "floor", "floorf", "ceil", "ceilf", "round", "roundf",
+         "erf", "erff", "erfc", "erfcf", "asin", "asinf", "acos", "acosf", "sinh", "sinhf", "cosh",
+         "coshf", "asinh", "asinhf", "acosh", "acoshf", "atanh", "atanhf", "exp2", "exp2f",
+         "log2", "log2f", "log10", "log10f", "hypot", "hypotf", "cbrt", "cbrtf", "lgamma",
+         "lgammaf", "tgamma", "tgammaf", "nextafter", "nextafterf", "trunc", "truncf", "rint",
+         "rintf", "fabs", "fabsf", "ldexp", "ldexpf", "frexp", "frexpf", "modf", "modff"}
+
+# Targets: (LLVM CPU name, the /proc/cpuinfo flags code for it may use).  The
+# x86-64 levels of the psABI; LZCNT shows as "abm" in /proc/cpuinfo.
+_V2 = ["cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"]
+_V3 = _V2 + ["abm", "avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"]
+_V4 = _V3 + ["avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"]
+TARGETS = {"x86-64-v2": _V2, "x86-64-v3": _V3, "x86-64-v4": _V4}
+_ALIASES = {"avx512": "x86-64-v4", "avx2": "x86-64-v3"}
+# The default: AVX2 and FMA (Intel since 2013, AMD since 2015, every x86 cloud
+# instance type in use), which numbackend's vector kernels are written for.
+DEFAULT_TARGET = "x86-64-v3"
+# LLVM's name of a host feature -> its /proc/cpuinfo flag, for target="host"
+_HOST_FLAGS = {
+    "sse3": "pni", "ssse3": "ssse3", "sse4.1": "sse4_1", "sse4.2": "sse4_2", "popcnt": "popcnt",
+    "cx16": "cx16", "sahf": "lahf_lm", "avx": "avx", "avx2": "avx2", "fma": "fma", "bmi": "bmi1",
+    "bmi2": "bmi2", "lzcnt": "abm", "movbe": "movbe", "f16c": "f16c", "xsave": "xsave",
+    "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512cd": "avx512cd", "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl", "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16",
+    "avx512fp16": "avx512_fp16", "avx512vbmi": "avx512vbmi", "avx512vbmi2": "avx512_vbmi2",
+    "avx512ifma": "avx512ifma", "avx512vpopcntdq": "avx512_vpopcntdq",
+    "avx512bitalg": "avx512_bitalg", "avxvnni": "avx_vnni", "fma4": "fma4", "xop": "xop",
+    "sse4a": "sse4a", "aes": "aes", "pclmul": "pclmulqdq", "vaes": "vaes",
+    "vpclmulqdq": "vpclmulqdq", "gfni": "gfni", "sha": "sha_ni", "adx": "adx",
+}
+
+
+class ExportError(ValueError):
+    """A model or function that cannot be exported, or an export that failed."""
+
+
+def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
+    """Write the inference plan of ``model_or_function`` (a Keras model, or a
+    ``K.function`` of numbackend) into the folder ``dest``, an importable
+    package: with NumPy alone, ``import dest; dest.predict(x)`` gives what the
+    model predicts, for any batch size (``predict(x, batch_size=None,
+    threads=None)``; a list of arrays for several inputs).  A function's
+    outputs must all have the batch (axis 0 of its inputs) as their axis 0.
+
+    ``target``: the CPU the library is built for: ``"x86-64-v3"`` (AVX2, the
+    default), ``"x86-64-v2"``, ``"x86-64-v4"`` (or ``"avx512"``), or
+    ``"host"`` (this machine's CPU and features); recorded in manifest.json
+    and checked when the folder loads.  ``threads``: False builds a serial
+    library (no pthreads).
+
+    Raises ExportError naming the step (op, name, shape) that has no compiled
+    form, and where no C compiler is found.  Returns ``dest``."""
+    function = _function_of(model_or_function)
+    cpu, features, flags = _target(target)
+    program, fed, defaults = function.inference_program()
+    inputs = _arrays_of(fed, "input")
+    outputs = _arrays_of(program.targets, "output")
+    rendered = compiled_plan.render_export(program, BODIES)
+    if rendered.refused is not None:
+        raise ExportError(f"export: this step has no compiled form, so the model cannot be "
+                          f"exported: {rendered.refused}")
+    codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
+    held, scalars = compiled_plan.held_arrays(program, rendered)
+    for i, value in enumerate(defaults):  # placeholders not fed: constants of the export
+        value = np.ascontiguousarray(value)
+        if value.ndim == 0:
+            raise ExportError(f"export: placeholder p{len(fed) + i} is a scalar with a default; "
+                              "only arrays can be exported")
+        held.append(compiled_plan.Held(f"p{len(fed) + i}", value.shape, value.dtype,
+                                       constant=value))
+    source = _plan_source(program, rendered, inputs, outputs, held, scalars)
+    library, name = _compile(source)
+    code = _object_code(library, name, cpu, features)
+    key = int.from_bytes(hashlib.sha256(code).digest()[:8], "little") & (2 ** 63 - 1)
+    os.makedirs(dest, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        object_path = os.path.join(work, "plan.o")
+        with open(object_path, "wb") as f:
+            f.write(code)
+        library_path = os.path.join(work, "model.so")
+        _link(object_path, library_path, key, threads)
+        _replace(dest, "model.so", library_path)
+    _write_weights(os.path.join(dest, "weights.bin"), key, inputs, outputs, held)
+    for name_, source_name in (("__init__.py", "loader.py"), ("model.h", "model.h")):
+        _replace(dest, name_, os.path.join(_FILES, source_name))
+    manifest = {
+        "format": FORMAT,
+        "numbackend": _version(),
+        "inputs": inputs,
+        "outputs": outputs,
+        "target": {"name": target, "cpu": cpu, "features": features, "cpuinfo_flags": flags},
+        "threads": bool(threads),
+        "chunk_rows": CHUNK_ROWS,
+        "library": "model.so",
+        "weights": "weights.bin",
+        "plan_key": key,
+    }
+    with open(os.path.join(dest, "manifest.json"), "w") as f:
+        json.dump(manifest, f, indent=1)
+    return dest
+
+
+def _function_of(model_or_function):
+    """The runtime.Function to export: the function itself, or a Keras model's
+    outputs as a function of its inputs."""
+    if isinstance(model_or_function, runtime.Function):
+        return model_or_function
+    inputs = getattr(model_or_function, "inputs", None)
+    outputs = getattr(model_or_function, "outputs", None)
+    if isinstance(inputs, list) and isinstance(outputs, list):
+        return core.function(inputs, outputs)
+    raise TypeError("export: export a Keras model or a K.function, got "
+                    f"{type(model_or_function).__name__}")
+
+
+def _arrays_of(tensors, kind):
+    """The manifest's entries of the inputs or outputs: each one's name, shape
+    (axis 0 the batch, None) and dtype; ExportError where axis 0 is not the
+    batch or another axis has no size."""
+    entries = []
+    for i, t in enumerate(tensors):
+        if t.ndim == 0 or t.shape[0] is not None or None in t.shape[1:]:
+            raise ExportError(f"export: {kind} {i} ({t.name!r}) has shape {format_shape(t.shape)}: "
+                              "an export needs axis 0 of unknown size (the batch) and every "
+                              "other axis known")
+        entries.append({"name": str(t.name), "shape": [None] + [int(d) for d in t.shape[1:]],
+                        "dtype": np.dtype(t.dtype).name})
+    return entries
+
+
+def _target(target):
+    """(LLVM CPU name, LLVM features, /proc/cpuinfo flags the code needs) of
+    ``target``; ExportError where this machine cannot run it."""
+    import llvmlite.binding as llvm
+    name = _ALIASES.get(target, target)
+    if name == "host":
+        features = llvm.get_host_cpu_features()
+        enabled = sorted(f for f, on in features.items() if on)
+        flags = sorted({_HOST_FLAGS[f] for f in enabled if f in _HOST_FLAGS})
+        return llvm.get_host_cpu_name(), features.flatten(), flags
+    if name not in TARGETS:
+        raise ExportError(f"export: target must be one of {sorted(TARGETS) + ['host', 'avx512']}, "
+                          f"got {target!r}")
+    if not llvm.get_process_triple().startswith("x86_64"):
+        raise ExportError(f"export: target {target!r} is an x86-64 level; this machine is "
+                          f"{llvm.get_process_triple()}: use target='host'")
+    flags = TARGETS[name]
+    here = cpu_flags()
+    missing = sorted(set(flags) - here) if here is not None else []
+    if missing:
+        raise ExportError(f"export: this machine's CPU lacks {', '.join(missing)} of target "
+                          f"{target!r}, so the export could not be checked here: choose an "
+                          "older target or target='host'")
+    return name, "", flags
+
+
+def cpu_flags(path="/proc/cpuinfo"):
+    """The flags of the first CPU in ``path`` (a set), or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        return None
+    return None
+
+
+def _plan_source(program, rendered, inputs, outputs, held, scalars):
+    """The Numba module of the plan: ``plan(rows, table)``, the table holding
+    the addresses of the inputs, the outputs and the held arrays, in order."""
+    count = len(inputs) + len(outputs) + len(held)
+    lines = compiled_plan.HEADER + (compiled_plan.CONV_HEADER if rendered.needs_conv else [])
+    lines += rendered.kernel_lines
+    lines += ["import numba", "", "",
+              "@numba.njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)",
+              "def plan(rows, table):",
+              f"    t = parts.array_at(table, ({count},), np.int64)"]
+    for i, entry in enumerate(inputs):
+        shape = "".join(f", {d}" for d in entry["shape"][1:])
+        lines.append(f"    p{i} = parts.array_at(t[{i}], (rows{shape}), np.{entry['dtype']})")
+    for k, h in enumerate(held):
+        dtype = "bool_" if h.dtype == np.bool_ else h.dtype.name
+        item = "[0]" if h.name in scalars else ""
+        shape = tuple(int(d) for d in h.shape)
+        lines.append(f"    {h.name} = parts.array_at(t[{len(inputs) + len(outputs) + k}], "
+                     f"{shape!r}, np.{dtype}){item}")
+    lines += ["    " + line for line in rendered.lines]
+    for j, (entry, name) in enumerate(zip(outputs, program.result_names)):
+        shape = "".join(f", {d}" for d in entry["shape"][1:])
+        lines.append(f"    copying.copy_into(parts.array_at(t[{len(inputs) + j}], (rows{shape}), "
+                     f"np.{entry['dtype']}), {name})")
+    lines.append("    return 0")
+    return "\n".join(lines) + "\n"
+
+
+def _compile(source):
+    """(Numba's code library of the plan, with every callee linked in; the
+    plan's symbol in it)."""
+    from numba import types as numba_types
+    from numba.core.errors import NumbaError
+    name = "numbackend_export_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+    module = types.ModuleType(name)
+    sys.modules[name] = module  # Numba looks a function's globals up through its module
+    try:
+        exec(compile(source, f"<{name}>", "exec"), module.__dict__)  # noqa: S102 - our own source
+        plan = module.plan
+        try:
+            plan.compile((numba_types.int64, numba_types.int64))
+        except NumbaError as exc:
+            raise ExportError(f"export: the plan did not compile ({type(exc).__name__}: "
+                              f"{str(exc)[:500]})") from exc
+        result = plan.overloads[plan.signatures[0]]
+        return result.library, result.fndesc.mangled_name
+    finally:
+        del sys.modules[name]
+
+
+def _object_code(library, name, cpu, features):
+    """The plan's function and all it calls as an object file for ``cpu`` and
+    ``features``, its symbol PLAN_SYMBOL, nothing else exported.  ExportError
+    where it needs a symbol that neither the shim nor libc/libm defines (an
+    address of this process: parts on OpenBLAS's pool)."""
+    import llvmlite.binding as llvm
+    module = llvm.parse_assembly(library.get_llvm_str())
+    for function in module.functions:
+        if function.is_declaration:
+            continue
+        if function.name == name:
+            function.name = PLAN_SYMBOL
+            function.visibility = "hidden"  # the shim's API alone leaves the library
+        else:
+            function.linkage = "internal"
+    for variable in module.global_variables:
+        if not variable.is_declaration:
+            variable.linkage = "internal"
+    machine = llvm.Target.from_triple(llvm.get_process_triple()).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", codemodel="default")
+    passes = llvm.create_new_module_pass_manager()
+    passes.add_global_dead_code_eliminate_pass()
+    passes.add_strip_dead_prototype_pass()
+    passes.run(module, llvm.create_pass_builder(
+        machine, llvm.create_pipeline_tuning_options(speed_level=0)))
+    needed = sorted(f.name for f in module.functions
+                    if f.is_declaration and not f.name.startswith("llvm."))
+    needed += sorted(v.name for v in module.global_variables if v.is_declaration)
+    unknown = [s for s in needed if s not in _PROVIDED and s not in _LIBM]
+    if unknown:
+        raise ExportError(f"export: the compiled plan needs {', '.join(unknown)}, which an "
+                          "export cannot provide (a part run on OpenBLAS's threads, or a call "
+                          "into Python)")
+    module.verify()
+    return machine.emit_object(module)
+
+
+def _compiler():
+    """The C compiler: $CC, else cc, gcc or clang on the PATH."""
+    for candidate in [os.environ.get("CC"), "cc", "gcc", "clang"]:
+        if candidate and shutil.which(candidate):
+            return shutil.which(candidate)
+    raise ExportError("export: no C compiler found (cc, gcc or clang on the PATH, or $CC): an "
+                      "export links its library with one (needed at export time only)")
+
+
+def _link(object_path, library_path, key, threads):
+    command = [_compiler(), "-shared", "-fPIC", "-O2", "-fvisibility=hidden",
+               f"-DNUMBACKEND_PLAN_KEY={key}ULL",
+               "-I", _FILES, os.path.join(_FILES, "shim.c"), object_path, "-o", library_path,
+               "-Wl,-z,noexecstack", "-lm"]
+    command[5:5] = ["-pthread"] if threads else ["-DNUMBACKEND_SERIAL"]
+    done = subprocess.run(command, check=False, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ExportError(f"export: linking the library failed ({' '.join(command)}):\n"
+                          f"{done.stderr[-2000:]}")
+
+
+def _write_weights(path, key, inputs, outputs, held):
+    """weights.bin (see export_files/shim.c, numbackend_model_open): the header,
+    then each held array at a multiple of 64 bytes."""
+    def row_bytes(entry):
+        return int(np.prod(entry["shape"][1:], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
+
+    header = [0, 1, key, len(inputs), len(outputs), len(held), CHUNK_ROWS]
+    header += [row_bytes(e) for e in inputs] + [row_bytes(e) for e in outputs]
+    offset = -(-8 * (len(header) + len(held)) // 64) * 64
+    offsets, arrays = [], []
+    for h in held:
+        array = np.ascontiguousarray(h.array())
+        offsets.append(offset)
+        arrays.append(array)
+        offset += -(-max(array.nbytes, 1) // 64) * 64
+    numbers = np.array(header + offsets, np.int64)
+    with open(path + ".new", "wb") as f:
+        f.write(b"NBWEIGHT")
+        f.write(numbers[1:].tobytes())
+        for start, array in zip(offsets, arrays):
+            f.write(b"\0" * (start - f.tell()))
+            f.write(array.tobytes())
+        f.write(b"\0" * (offset - f.tell()))
+    os.replace(path + ".new", path)
+
+
+def _replace(dest, name, source_path):
+    """Copy ``source_path`` to ``dest/name`` through a new file: a process that
+    loaded the old library keeps it."""
+    target = os.path.join(dest, name)
+    shutil.copyfile(source_path, target + ".new")
+    os.replace(target + ".new", target)
+
+
+def _version():
+    from importlib import metadata
+    try:
+        return metadata.version("numbackend")
+    except metadata.PackageNotFoundError:
+        return "unknown"

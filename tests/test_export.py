@@ -1,0 +1,570 @@
+"""numbackend.export: a model's inference plan as a folder that predicts with NumPy alone.
+
+Each export is loaded in a subprocess whose sys.modules must hold no Numba,
+llvmlite, Keras or numbackend after predict, and its results are compared
+with NumPy formulas of the model and with the JIT's (or Keras's) own.  One
+export per model, shared by the tests (module fixtures): compiling the plan is
+the cost.
+"""
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import numbackend as K
+from numbackend.exporting import ExportError, cpu_flags
+
+if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+    pytest.skip("an export links its library with a C compiler", allow_module_level=True)
+if platform.system() != "Linux" or platform.machine() != "x86_64":
+    pytest.skip("the export's default target is an x86-64 level, tested on Linux",
+                allow_module_level=True)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BATCHES = (1, 3, 64)
+rng = np.random.default_rng(31)
+
+# Runs in the subprocess: imports the export, predicts every saved input at each
+# thread count, saves the results and reports which heavy modules were loaded.
+PREDICT = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    model = __import__(sys.argv[2])
+    data = np.load(sys.argv[3])
+    results = {}
+    for key in data.files:
+        for threads in (1, 2):
+            results[f"{key}-{threads}"] = model.predict(data[key], threads=threads)
+    np.savez(sys.argv[4], **results)
+    loaded = sorted(m for m in sys.modules
+                    if m.split(".")[0] in ("numba", "llvmlite", "keras", "numbackend"))
+    print(json.dumps(loaded))
+''')
+
+
+def _clean_env():
+    """The environment of a process that must find nothing of numbackend's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "KERAS_BACKEND")}
+    env["PYTHONNOUSERSITE"] = "1"
+    return env
+
+
+def predict_in_subprocess(folder, inputs, tmp_path):
+    """{(batch, threads): outputs} of the export ``folder`` for each batch of
+    ``inputs`` (rows cut from it), run by a process that imports it with NumPy
+    alone; asserts that the process loaded no Numba, llvmlite, Keras or numbackend."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    data = tmp_path / "inputs.npz"
+    np.savez(data, **{str(b): inputs[:b] for b in BATCHES})
+    out = tmp_path / "outputs.npz"
+    script = tmp_path / "predict.py"
+    script.write_text(PREDICT)
+    parent, name = os.path.split(os.path.abspath(folder))
+    done = subprocess.run([sys.executable, str(script), parent, name, str(data), str(out)],
+                          check=False, capture_output=True, text=True, env=_clean_env(),
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+    results = np.load(out)
+    return {(b, t): results[f"{b}-{t}"] for b in BATCHES for t in (1, 2)}
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def mlp_numpy(x, w1, b1, w2):
+    return _softmax(np.maximum(x @ w1 + b1, 0) @ w2)
+
+
+@pytest.fixture(scope="module")
+def mlp(tmp_path_factory):
+    """(export folder, the JIT's function, its weights) of a 20-16-4 softmax MLP."""
+    w1 = rng.standard_normal((20, 16)).astype(np.float32)
+    b1 = rng.standard_normal(16).astype(np.float32)
+    w2 = rng.standard_normal((16, 4)).astype(np.float32)
+    x = K.placeholder((None, 20))
+    f = K.function([x], [K.softmax(K.dot(K.relu(K.dot(x, K.variable(w1)) + K.variable(b1)),
+                                         K.variable(w2)))])
+    folder = tmp_path_factory.mktemp("exports") / "mlp_model"
+    assert K.export(f, str(folder)) == str(folder)
+    return folder, f, (w1, b1, w2)
+
+
+def test_mlp_export_predicts_with_numpy_alone(mlp, tmp_path):
+    folder, f, weights = mlp
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], mlp_numpy(x[:b], *weights), rtol=1e-5, atol=1e-6)
+        assert np.abs(got[b, 1] - f([x[:b]])[0]).max() <= 1e-6
+        # chunks of rows, each on one thread: the thread count changes no bit
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_export_folder_holds_library_weights_loader_header_manifest(mlp):
+    folder, _, _ = mlp
+    assert sorted(os.listdir(folder)) == ["__init__.py", "manifest.json", "model.h", "model.so",
+                                          "weights.bin"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["inputs"] == [{"name": manifest["inputs"][0]["name"], "shape": [None, 20],
+                                   "dtype": "float32"}]
+    assert manifest["outputs"][0]["shape"] == [None, 4]
+    assert manifest["target"]["name"] == "x86-64-v3"
+    assert {"avx2", "fma"} <= set(manifest["target"]["cpuinfo_flags"])
+    assert manifest["threads"] is True
+    # the library exports the C API alone
+    symbols = subprocess.run(["nm", "-D", "--defined-only", str(folder / "model.so")],
+                             check=True, capture_output=True, text=True).stdout
+    assert sorted(line.split()[-1] for line in symbols.splitlines()) == [
+        "numbackend_model_close", "numbackend_model_error", "numbackend_model_open",
+        "numbackend_model_predict", "numbackend_model_set_blas"]
+
+
+C_PROGRAM = textwrap.dedent('''
+    #include <stdio.h>
+    #include "model.h"
+    int main(int argc, char **argv) {
+        numbackend_model *model = numbackend_model_open(argv[1]);
+        if (!model) { printf("open: %s\\n", numbackend_model_error(NULL)); return 1; }
+        float x[2 * 20], y[2 * 4];
+        for (int i = 0; i < 2 * 20; i++) x[i] = (float)(i % 7) * 0.25f - 0.5f;
+        const void *inputs[] = {x};
+        void *outputs[] = {y};
+        int status = numbackend_model_predict(model, 2, inputs, outputs, 0);
+        if (status) { printf("predict %d: %s\\n", status, numbackend_model_error(model)); return 1; }
+        for (int i = 0; i < 2 * 4; i++) printf("%.9g\\n", y[i]);
+        numbackend_model_close(model);
+        if (numbackend_model_open("no-such-file.bin") != NULL) return 1;
+        printf("%s\\n", numbackend_model_error(NULL));
+        return 0;
+    }
+''')
+
+
+def test_a_c_program_calls_the_library(mlp, tmp_path):
+    folder, _, weights = mlp
+    source = tmp_path / "main.c"
+    source.write_text(C_PROGRAM)
+    program = tmp_path / "main"
+    cc = next(shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c))
+    subprocess.run([cc, "-I", str(folder), str(source), str(folder / "model.so"), "-o",
+                    str(program), f"-Wl,-rpath,{folder}"], check=True)
+    done = subprocess.run([str(program), str(folder / "weights.bin")], capture_output=True,
+                          text=True, check=True)
+    lines = done.stdout.splitlines()
+    x = ((np.arange(40) % 7) * 0.25 - 0.5).astype(np.float32).reshape(2, 20)
+    np.testing.assert_allclose(np.array(lines[:8], np.float64).reshape(2, 4),
+                               mlp_numpy(x, *weights), rtol=1e-5, atol=1e-6)
+    assert lines[8] == "numbackend_model_open: cannot open no-such-file.bin"
+
+
+def _import_copy(folder, tmp_path, name, edit_manifest=None):
+    """Copy the export into tmp_path/name, edit its manifest, import it in a
+    subprocess; the CompletedProcess."""
+    copy = tmp_path / name
+    shutil.copytree(folder, copy)
+    if edit_manifest:
+        manifest = json.loads((copy / "manifest.json").read_text())
+        edit_manifest(manifest)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import {name}; "
+            f"import numpy as np; print({name}.predict(np.zeros((2, 20), np.float32)).shape)")
+    return subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+
+
+def test_load_refuses_a_cpu_without_the_targets_features(mlp, tmp_path):
+    done = _import_copy(mlp[0], tmp_path, "needs_fake",
+                        lambda m: m["target"]["cpuinfo_flags"].append("fake_feature_x"))
+    assert done.returncode != 0
+    assert "RuntimeError" in done.stderr and "lacks fake_feature_x" in done.stderr
+    assert "'x86-64-v3'" in done.stderr
+    assert _import_copy(mlp[0], tmp_path, "as_built").stdout.strip() == "(2, 4)"
+
+
+def test_predict_checks_its_inputs(mlp, tmp_path):
+    code = textwrap.dedent(f'''
+        import sys
+        import numpy as np
+        sys.path.insert(0, {str(mlp[0].parent)!r})
+        import mlp_model
+        for bad in (np.zeros((2, 21), np.float32), np.zeros(20, np.float32), [np.zeros((2, 20))] * 2):
+            try:
+                mlp_model.predict(bad)
+            except ValueError as exc:
+                print(exc)
+        print(mlp_model.predict(np.zeros((0, 20), np.float32)).shape)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    assert lines[0].startswith("predict: input 0") and "(2, 21)" in lines[0]
+    assert lines[1].startswith("predict: input 0") and "(20,)" in lines[1]
+    assert lines[2] == "predict: the model has 1 input(s), got 2"
+    assert lines[3] == "(0, 4)"
+
+
+def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
+    x = K.placeholder((None, 5))
+    f = K.function([x], [K.cumsum(x * 2.0, axis=1)])
+    with pytest.raises(ExportError, match=r"no compiled form.*cumsum 'cumsum_\d+' \(None, 5\)"):
+        K.export(f, str(tmp_path / "cumsum_model"))
+
+
+def test_an_output_without_the_batch_axis_is_refused(tmp_path):
+    x = K.placeholder((None, 3))
+    f = K.function([x], [K.sum(x, axis=0)])
+    with pytest.raises(ExportError, match=r"output 0 .* has shape \(3,\)"):
+        K.export(f, str(tmp_path / "sum_model"))
+
+
+def test_target_names_are_checked(tmp_path):
+    x = K.placeholder((None, 3))
+    f = K.function([x], [x * 2.0])
+    with pytest.raises(ExportError, match="target must be one of"):
+        K.export(f, str(tmp_path / "m"), target="pentium")
+    flags = cpu_flags()
+    if flags is not None and "avx512f" not in flags:
+        with pytest.raises(ExportError, match="lacks avx512"):
+            K.export(f, str(tmp_path / "m"), target="avx512")
+
+
+# Runs with KERAS_BACKEND=numbackend: builds a small mnist_cnn, saves it with
+# model.save, its weights and its predictions.
+KERAS_CNN = textwrap.dedent('''
+    import sys
+    import numpy as np
+    import keras
+    from keras import layers
+    from keras.models import Sequential
+    np.random.seed(0)
+    model = Sequential([
+        layers.Conv2D(4, (3, 3), activation="relu", input_shape=(10, 10, 1)),
+        layers.Conv2D(8, (3, 3), activation="relu"),
+        layers.MaxPooling2D((2, 2)), layers.Dropout(0.25), layers.Flatten(),
+        layers.Dense(16, activation="relu"), layers.Dropout(0.5),
+        layers.Dense(5, activation="softmax")])
+    model.compile("sgd", "categorical_crossentropy")
+    x = np.random.rand(64, 10, 10, 1).astype(np.float32)
+    model.save(sys.argv[1] + "/model.h5")
+    np.savez(sys.argv[1] + "/cnn.npz", x=x, predicted=model.predict(x), *model.get_weights())
+''')
+
+
+def _keras_env():
+    env = dict(os.environ, KERAS_BACKEND="numbackend")
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def conv2d_valid(x, w, b):
+    """Cross-correlation of x (N, H, W, C) with w (3, 3, C, O), 'valid', plus b."""
+    windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[:2], axis=(1, 2))
+    return np.einsum("nhwcij,ijco->nhwo", windows, w) + b
+
+
+def cnn_numpy(x, k1, b1, k2, b2, w3, b3, w4, b4):
+    h = np.maximum(conv2d_valid(x, k1, b1), 0)
+    h = np.maximum(conv2d_valid(h, k2, b2), 0)
+    n, height, width, c = h.shape
+    h = h.reshape(n, height // 2, 2, width // 2, 2, c).max(axis=(2, 4)).reshape(n, -1)
+    h = np.maximum(h @ w3 + b3, 0)
+    return _softmax(h @ w4 + b4)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None,
+                    reason="Keras 2.2.5 comes with the test extra")
+def test_keras_cnn_exported_by_the_command_line(tmp_path):
+    subprocess.run([sys.executable, "-c", KERAS_CNN, str(tmp_path)], check=True,
+                   capture_output=True, env=_keras_env(), cwd=tmp_path, timeout=300)
+    folder = tmp_path / "cnn_model"
+    done = subprocess.run([sys.executable, "-m", "numbackend", "export", str(tmp_path / "model.h5"),
+                           str(folder)], check=False, capture_output=True, text=True,
+                          env=_keras_env(), cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    saved = np.load(tmp_path / "cnn.npz")
+    x, weights = saved["x"], [saved[f"arr_{i}"] for i in range(8)]
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
+        np.testing.assert_allclose(got[b, 1], cnn_numpy(x[:b], *weights), rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+@pytest.mark.parametrize("path", ["winograd", "direct"])
+def test_pooled_convolution_paths(path, tmp_path, tune):
+    """A 3x3 convolution with bias, ReLU and a 2x2 max pooling (one step, pooled
+    first) on each compiled path; an inf in an image sends its chunk from
+    Winograd to the direct loop."""
+    tune(CONV_PATH=path)
+    kernel = rng.standard_normal((3, 3, 16, 8)).astype(np.float32) * np.float32(0.2)
+    bias = rng.standard_normal(8).astype(np.float32)
+    x = K.placeholder((None, 10, 10, 16))
+    y = K.pool2d(K.relu(K.bias_add(K.conv2d(x, K.variable(kernel)), K.variable(bias))), (2, 2),
+                 strides=(2, 2), pool_mode="max")
+    f = K.function([x], [y])
+    folder = tmp_path / f"conv_{path}"
+    K.export(f, str(folder))
+    images = rng.standard_normal((64, 10, 10, 16)).astype(np.float32)
+    images[40, 3, 4, 5] = np.inf
+    got = predict_in_subprocess(folder, images, tmp_path)
+    h = np.maximum(conv2d_valid(images, kernel, bias), 0)
+    want = h.reshape(64, 4, 2, 4, 2, 8).max(axis=(2, 4))
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-4)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):
+    folder, f, _ = mlp
+    serial = tmp_path / "serial_model"
+    K.export(f, str(serial), threads=False)
+    assert json.loads((serial / "manifest.json").read_text())["threads"] is False
+    symbols = subprocess.run(["nm", "-D", "--undefined-only", str(serial / "model.so")],
+                             check=True, capture_output=True, text=True).stdout
+    assert "pthread_create" not in symbols
+    x = rng.standard_normal((64, 20)).astype(np.float32)
+    threaded = predict_in_subprocess(folder, x, tmp_path / "threaded")
+    alone = predict_in_subprocess(serial, x, tmp_path / "alone")
+    for key, value in threaded.items():
+        np.testing.assert_array_equal(alone[key], value)
+
+
+# Runs with KERAS_BACKEND=numbackend: builds each small Keras model named on the
+# command line (its weights drawn at random: batch statistics too), saves its
+# inputs, weights and predictions (FOLDER/<name>.npz) and exports it
+# (FOLDER/<name>_model), or writes why it did not (FOLDER/<name>.error).
+KERAS_EXPORTS = textwrap.dedent('''
+    import sys, traceback
+    import numpy as np
+    from keras import layers
+    from keras.models import Sequential
+    import numbackend
+    folder = sys.argv[1]
+    np.random.seed(0)
+    floats = lambda *shape: np.random.uniform(-1, 1, (64,) + shape).astype(np.float32)
+    MODELS = {
+        "lstm": lambda: ([layers.LSTM(6, input_shape=(7, 3)), layers.Dense(2)], floats(7, 3)),
+        # a Dense layer on a sequence: a product of a 3-D value by weights
+        "gru_simple_rnn": lambda: ([layers.GRU(5, return_sequences=True, input_shape=(7, 3)),
+                                    layers.SimpleRNN(4, return_sequences=True), layers.Dense(2)],
+                                   floats(7, 3)),
+        "bidirectional": lambda: ([layers.Bidirectional(layers.LSTM(4, return_sequences=True),
+                                                        input_shape=(7, 3)),
+                                   layers.TimeDistributed(layers.Dense(3)),
+                                   layers.GlobalMaxPooling1D(), layers.Dense(2)], floats(7, 3)),
+        "embedding_conv1d": lambda: ([layers.Embedding(11, 4, input_length=9),
+                                      layers.Conv1D(4, 3, activation="relu"),
+                                      layers.MaxPooling1D(2),
+                                      layers.Conv1D(3, 2, padding="same"),
+                                      layers.AveragePooling1D(2, strides=1, padding="same"),
+                                      layers.GlobalAveragePooling1D(), layers.Dense(2)],
+                                     np.random.randint(0, 11, (64, 9)).astype(np.float32)),
+        # pools after epilogues that do not commute with them, and pools alone
+        "batch_norm_pooling": lambda: ([layers.Conv2D(4, 3, input_shape=(10, 10, 2)),
+                                        layers.BatchNormalization(), layers.MaxPooling2D(2),
+                                        layers.Conv2D(3, 1, activation="relu"),
+                                        layers.AveragePooling2D(2),
+                                        layers.MaxPooling2D(2, strides=1, padding="same"),
+                                        layers.AveragePooling2D(3, strides=1, padding="same"),
+                                        layers.Flatten(), layers.Dense(5),
+                                        layers.BatchNormalization(), layers.Dense(2)],
+                                       floats(10, 10, 2)),
+    }
+    for name in sys.argv[2:]:
+        try:
+            stack, x = MODELS[name]()
+            model = Sequential(stack)
+            for layer in model.layers:  # a batch normalisation's variances must be positive
+                low, high = (0.5, 1.5) if isinstance(layer, layers.BatchNormalization) else (-0.6, 0.6)
+                layer.set_weights([np.random.uniform(low, high, w.shape).astype(w.dtype)
+                                   for w in layer.get_weights()])
+            np.savez(f"{folder}/{name}.npz", x=x, predicted=model.predict(x), *model.get_weights())
+            numbackend.export(model, f"{folder}/{name}_model")
+        except Exception:
+            with open(f"{folder}/{name}.error", "w") as f:
+                f.write(traceback.format_exc())
+''')
+
+
+@pytest.fixture(scope="module")
+def keras_exports(tmp_path_factory):
+    """``export(name)``: (folder of the export, {x, predicted, arr_0...: the
+    model's weights}) of the Keras model ``name`` of KERAS_EXPORTS, all exported
+    by one process."""
+    if importlib.util.find_spec("keras") is None:
+        pytest.skip("Keras 2.2.5 comes with the test extra")
+    folder = tmp_path_factory.mktemp("keras_exports")
+    subprocess.run([sys.executable, "-c", KERAS_EXPORTS, str(folder), *KERAS_NUMPY], check=True,
+                   capture_output=True, env=_keras_env(), cwd=folder, timeout=900)
+
+    def export(name):
+        error = folder / f"{name}.error"
+        assert not error.exists(), error.read_text()
+        return folder / f"{name}_model", np.load(folder / f"{name}.npz")
+    return export
+
+
+def _hard_sigmoid(z):
+    return np.clip(0.2 * z + 0.5, 0.0, 1.0)
+
+
+def lstm_numpy(x, kernel, recurrent, bias):
+    """Keras 2.2.5's LSTM (gates i, f, c, o; hard sigmoid, tanh): every step's output."""
+    units = recurrent.shape[0]
+    h = c = np.zeros((x.shape[0], units))
+    outputs = []
+    for t in range(x.shape[1]):
+        z = x[:, t] @ kernel + h @ recurrent + bias
+        i, f, o = (_hard_sigmoid(z[:, k * units:(k + 1) * units]) for k in (0, 1, 3))
+        c = f * c + i * np.tanh(z[:, 2 * units:3 * units])
+        h = o * np.tanh(c)
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
+
+
+def gru_numpy(x, kernel, recurrent, bias):
+    """Keras 2.2.5's GRU (reset_after=False; gates z, r, h): every step's output."""
+    units = recurrent.shape[0]
+    h = np.zeros((x.shape[0], units))
+    gate = [slice(k * units, (k + 1) * units) for k in range(3)]
+    outputs = []
+    for t in range(x.shape[1]):
+        xw = x[:, t] @ kernel + bias
+        z = _hard_sigmoid(xw[:, gate[0]] + h @ recurrent[:, gate[0]])
+        r = _hard_sigmoid(xw[:, gate[1]] + h @ recurrent[:, gate[1]])
+        candidate = np.tanh(xw[:, gate[2]] + (r * h) @ recurrent[:, gate[2]])
+        h = z * h + (1 - z) * candidate
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
+
+
+def simple_rnn_numpy(x, kernel, recurrent, bias):
+    """Keras's SimpleRNN (tanh): every step's output."""
+    h = np.zeros((x.shape[0], recurrent.shape[0]))
+    outputs = []
+    for t in range(x.shape[1]):
+        h = np.tanh(x[:, t] @ kernel + h @ recurrent + bias)
+        outputs.append(h)
+    return np.stack(outputs, axis=1)
+
+
+def pool_numpy(x, size, stride, padding, reduce):
+    """Pooling of x (N, *spatial, C) by brute force: each window's input
+    positions (TensorFlow's 'same' pads (total // 2) before), ``reduce``d."""
+    spatial = x.shape[1:-1]
+    size, stride = (size,) * len(spatial), (stride,) * len(spatial)
+    if padding == "valid":
+        out = [(n - k) // s + 1 for n, k, s in zip(spatial, size, stride)]
+        before = [0] * len(spatial)
+    else:
+        out = [-(-n // s) for n, s in zip(spatial, stride)]
+        before = [max((o - 1) * s + k - n, 0) // 2 for o, s, k, n in zip(out, stride, size, spatial)]
+    y = np.empty((x.shape[0], *out, x.shape[-1]))
+    for position in np.ndindex(*out):
+        window = tuple(slice(max(p * s - b, 0), p * s - b + k)
+                       for p, s, b, k in zip(position, stride, before, size))
+        y[(slice(None), *position)] = reduce(x[(slice(None), *window)],
+                                             axis=tuple(range(1, 1 + len(spatial))))
+    return y
+
+
+def conv_numpy(x, w, b, padding="valid"):
+    """Cross-correlation of x (N, *spatial, C) with w (*taps, C, O), stride 1,
+    plus b ('same': TensorFlow's padding, (taps - 1) // 2 before)."""
+    taps = w.shape[:-2]
+    axes = tuple(range(1, 1 + len(taps)))
+    if padding == "same":
+        x = np.pad(x, [(0, 0)] + [((k - 1) // 2, k // 2) for k in taps] + [(0, 0)])
+    windows = np.lib.stride_tricks.sliding_window_view(x, taps, axis=axes)
+    # windows: (N, *out, C, *taps)
+    letters = "ijk"[:len(taps)]
+    return np.einsum(f"n...c{letters},{letters}co->n...o", windows, w) + b
+
+
+def batch_norm_numpy(h, gamma, beta, mean, variance):
+    return (h - mean) / np.sqrt(variance + 1e-3) * gamma + beta
+
+
+def _bidirectional(x, w):
+    both = np.concatenate([lstm_numpy(x, *w[:3]), lstm_numpy(x[:, ::-1], *w[3:6])[:, ::-1]],
+                          axis=2)
+    return (both @ w[6] + w[7]).max(axis=1) @ w[8] + w[9]
+
+
+def _embedding_conv1d(x, w):
+    h = w[0][x.astype(np.int64)]
+    h = pool_numpy(np.maximum(conv_numpy(h, w[1], w[2]), 0), 2, 2, "valid", np.max)
+    h = pool_numpy(conv_numpy(h, w[3], w[4], "same"), 2, 1, "same", np.mean)
+    return h.mean(axis=1) @ w[5] + w[6]
+
+
+def _batch_norm_pooling(x, w):
+    h = batch_norm_numpy(conv_numpy(x, w[0], w[1]), *w[2:6])
+    h = pool_numpy(h, 2, 2, "valid", np.max)
+    h = pool_numpy(np.maximum(conv_numpy(h, w[6], w[7]), 0), 2, 2, "valid", np.mean)
+    h = pool_numpy(h, 2, 1, "same", np.max)
+    h = pool_numpy(h, 3, 1, "same", np.mean).reshape(len(x), -1)
+    return batch_norm_numpy(h @ w[8] + w[9], *w[10:14]) @ w[14] + w[15]
+
+
+KERAS_NUMPY = {
+    "lstm": lambda x, w: lstm_numpy(x, *w[:3])[:, -1] @ w[3] + w[4],
+    "gru_simple_rnn": lambda x, w: simple_rnn_numpy(gru_numpy(x, *w[:3]), *w[3:6]) @ w[6] + w[7],
+    # the backward LSTM reads the sequence from its end; its outputs put back in order
+    "bidirectional": _bidirectional,
+    "embedding_conv1d": _embedding_conv1d,
+    "batch_norm_pooling": _batch_norm_pooling,
+}
+
+
+@pytest.mark.parametrize("name", list(KERAS_NUMPY))
+def test_keras_models_export(name, keras_exports, tmp_path):
+    """The scan's loop over time runs in the export (LSTM, GRU, SimpleRNN,
+    Bidirectional), and so do Embedding, Conv1D, BatchNormalization,
+    TimeDistributed(Dense), Dense on a sequence, pooling alone or after an
+    epilogue it does not commute with, max and average, 1-D and 2-D."""
+    folder, saved = keras_exports(name)
+    x = saved["x"]
+    weights = [saved[f"arr_{i}"].astype(np.float64) for i in range(len(saved.files) - 2)]
+    want = KERAS_NUMPY[name](x.astype(np.float64), weights)
+    np.testing.assert_allclose(saved["predicted"], want, rtol=1e-4, atol=1e-5)  # the formula's check
+    got = predict_in_subprocess(folder, x, tmp_path)
+    for b in BATCHES:
+        assert np.abs(got[b, 1] - saved["predicted"][:b]).max() <= 1e-4
+        np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+def test_an_embedding_id_out_of_range_is_an_index_error(keras_exports, tmp_path):
+    folder, _ = keras_exports("embedding_conv1d")
+    code = textwrap.dedent(f'''
+        import sys
+        import numpy as np
+        sys.path.insert(0, {str(folder.parent)!r})
+        import embedding_conv1d_model as model
+        ids = np.zeros((40, 9), np.float32)
+        ids[37, 4] = 11
+        try:
+            model.predict(ids)
+        except IndexError as exc:
+            print(exc)
+        print(model.predict(ids[:37]).shape)
+    ''')
+    done = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True,
+                          env=_clean_env(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "jit_kernels.copying.gather_rows: an index is out of range for the rows of the table",
+        "(37, 2)"]

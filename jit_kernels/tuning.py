@@ -33,6 +33,8 @@ import numbers
 import os
 import threading
 
+from . import machine
+
 __all__ = ["Entry", "compiled_values", "entries", "override", "pins"]
 
 
@@ -297,33 +299,6 @@ _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
 # means one 2-core AMD EPYC (Zen, AVX2) virtual machine, the only machine
 # these were measured on.
 
-def _cache_bytes(level, default):
-    """The size of the first CPU's data (or unified) cache of ``level`` in bytes,
-    from Linux's /sys; ``default`` where it cannot be read."""
-    folder = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return default
-    for name in sorted(names):
-        try:
-            with open(os.path.join(folder, name, "level")) as f:
-                found = int(f.read())
-            with open(os.path.join(folder, name, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(folder, name, "size")) as f:
-                size = f.read().strip()
-        except (OSError, ValueError):
-            continue
-        if found == level and kind in ("Data", "Unified"):
-            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-            try:
-                return int(size.rstrip("KM")) * scale
-            except ValueError:
-                return default
-    return default
-
-
 # -- jit_kernels/windows.py (every window kernel: conv, pool, resize, sparse)
 _define("LIBRARY_PARALLEL_MIN_WORK", 1 << 24, "elements touched",
         "measured on the 2-core AMD VM: waking Numba's threads costs a few us on an idle machine, "
@@ -366,11 +341,15 @@ _define("CONV_DIRECT_MAX_PATCH", 36, "window values (taps x input channels)",
         "a convolution whose windows hold at most this many values runs the direct loop rather "
         "than im2col + BLAS, whose products with so few columns run far below speed")
 _define("CONV_DIRECT_MIN_ROW_BYTES", 128, "bytes of a row of output channels",
-        "derived: four 256-bit vectors (the direct loop over output channels vectorises from "
-        "LLVM's interleaving of four vectors on, see compiling.py)",
+        "derived: four 256-bit vectors, the direct loop's vector body (LLVM interleaves four "
+        "vectors, see compiling.py); 256-bit on AVX2 and on Intel's AVX-512 CPUs too, whose "
+        "loops LLVM vectorises with 256-bit vectors (its code for skylake-avx512, "
+        "cascadelake, icelake-server, sapphirerapids and x86-64-v4); where loops take "
+        "512-bit vectors (LLVM's znver4), rows of 128 bytes run its vectorised remainder "
+        "loop, of 256-bit vectors",
         "the direct loop only where a row of output channels is at least this long: below, it "
         "runs as scalar code")
-_define("CONV_DIRECT_CHUNK_BYTES", _cache_bytes(2, 512 << 10), "bytes",
+_define("CONV_DIRECT_CHUNK_BYTES", machine.cache_bytes(2, 512 << 10), "bytes",
         "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
         "the 2-core AMD VM where it was chosen)",
         "the direct loop's block of outputs per chunk of images, which an epilogue then reads "

@@ -318,7 +318,9 @@ _define("CONV_COLUMN_CHUNK_BYTES", 2 << 20, "bytes",
         "measured on the 2-core AMD VM: mnist_cnn's second layer at batch 64 ran 20% faster with "
         "2 MB chunks than 8 MB ones; 1 MB ones pay for more switches between the copy and BLAS",
         "im2col works batch chunk by batch chunk, each chunk's columns about this size, so that "
-        "BLAS reads them while they are still in cache")
+        "BLAS reads them while they are still in cache; where the batch may split between "
+        "threads, no more than each thread's share of the L3 cache (jit_kernels.machine."
+        "shared_cache_share), so that all the threads' chunks fit in it together")
 _define("CONV_TAPWISE_MIN_ROWS", 1024, "column rows",
         "measured on the 2-core AMD VM: tap by tap 3x faster from a few images up; for one image "
         "(676 rows) the whole view was faster (fewer NumPy calls)",
@@ -396,6 +398,23 @@ _define("PACKED_BLOCK_ROWS", 48, "rows",
         "the rows of the left operand multiplied by every panel in turn", compiled=True)
 
 # -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
+# How much work a part must get.  Work is counted in elements touched (read or
+# written once; for a product by weights, the weights' items read): the
+# library's loops take roughly 0.1 to 1 ns per element on one core.
+_define("PARTS_MIN_WORK", 1 << 14, "elements touched per part",
+        "derived: a compiled part costs about 1.5 us to hand to a thread of the pool (two "
+        "empty parts ran in 3 us on the 2-core AMD VM), and 16K elements take about 2 to "
+        "16 us: split finer, the hand-offs would cost about as much as the work they share",
+        "compiled parts (packed products by weights, Winograd's bands) split their work "
+        "between the threads so that each part gets this much at least; work too small "
+        "for two parts runs on the calling thread", compiled=True)
+_define("PARTS_PYTHON_HANDOFF_WORK", 1 << 15, "elements touched",
+        "derived: a part of Python (parts.run_parts) takes about 15 us of its thread's time "
+        "and of the GIL's to start and end (a run of two parts cost 29 us on the 2-core AMD "
+        "VM), the time of about 32K elements at 0.5 ns each",
+        "parts of Python (a convolution's images or bands, pooling by images) hand their "
+        "work out one after another, each holding the GIL: work W splits into about "
+        "sqrt(W / this) parts (machine.python_part_count), at most one per thread")
 _define("PARTS_LATE_START_NS", 500_000, "ns",
         "chosen: a thread woken from sleep starts within tens of microseconds",
         "a run on the pool whose last thread started its part this long after the run began, "

@@ -157,8 +157,8 @@ def _split_results(x, w, dy):
 
 @pytest.mark.parametrize('threads, count', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
 def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
-    """With a chunk per part the batch splits into parts of whole images, none
-    empty, whose results are those of the whole batch at once."""
+    """The batch splits into parts of whole images, one per thread, none empty,
+    whose results are those of the whole batch at once."""
     x, w = random((5, 6, 7, 3)), random((3, 3, 3, 4))
     dy = random((5, 6, 7, 4))
     whole = _split_results(x, w, dy)
@@ -169,6 +169,7 @@ def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
         return [part(i) for i in range(count)]
 
     tune(CONV_COLUMN_CHUNK_BYTES=1)  # one image a chunk
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)  # split however little the work
     monkeypatch.setattr(blas, 'threads', lambda: threads)
     monkeypatch.setattr(parts, 'run_parts', one_after_another)
     split = _split_results(x, w, dy)
@@ -187,6 +188,7 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch, tune):
     run_parts = parts.run_parts
     monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
     tune(CONV_COLUMN_CHUNK_BYTES=1)
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)
     split = _split_results(x, w, dy)
     assert calls == [min(blas.threads(), 4)] * 3
     for got, expected in zip(split, whole):
@@ -266,6 +268,7 @@ def _chunked_with_epilogue(monkeypatch, tune, chunk_bytes, threads, x, w):
         np.maximum(block + bias, 0, out=out)
 
     tune(**{chunk_bytes: 1})
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)
     monkeypatch.setattr(blas, 'threads', lambda: threads)
     monkeypatch.setattr(parts, 'run_parts', lambda count, part: [part(i) for i in range(count)])
     y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)

@@ -206,7 +206,10 @@ def winograd_products(x5, g, w, y2, finish=None, remember=True, band_work=None):
     bands = batch * tiles_h
     chunk = winograd_chunk_bands(tiles_w, channels, out_ch, x5.itemsize)
     small = bands < 2 * chunk
-    if small:
+    # Compiled parts, with no Python between chunks to hold the GIL, wherever
+    # they do all there is to do; a finisher of Python's after them where the
+    # bands make fewer than two chunks, else chunk by chunk below.
+    if small or finish is None or band_work is not None:
         target = y2 if finish is None and y2 is not None else np.empty((batch * out_h * out_w, out_ch),
                                                                        x5.dtype)
         if winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w,
@@ -214,10 +217,10 @@ def winograd_products(x5, g, w, y2, finish=None, remember=True, band_work=None):
             if finish is not None and band_work is None:
                 finish(target, 0, target.shape[0])
             return True
-    if band_work is not None and finish is None:  # pooled block by block from here on
-        pooled = band_work.pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
-        finish = block_finisher(g, out_ch, None, None, band_work.pool, pooled)
-    if small:  # an inf or a NaN in the inputs
+        # an inf or a NaN in the inputs: im2col, pooled block by block
+        if band_work is not None and finish is None:
+            pooled = band_work.pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
+            finish = block_finisher(g, out_ch, None, None, band_work.pool, pooled)
         columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
         return False
 

@@ -265,9 +265,13 @@ _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x colum
 
 # --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
 
-_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 8, "rows (axis 0 of the states) per thread",
-        "chosen, not measured as a curve: handing work to another thread costs tens of "
-        "microseconds, more where it sleeps",
+_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 2, "rows (axis 0 of the states) per thread",
+        "derived: each part runs the whole loop over its rows, with no hand-off between "
+        "steps, so it needs rows only for its own products: from 2 rows up they run on the "
+        "packed tiles (at SCAN_PACKED_MIN_ROWS's default), whose speed per row changes "
+        "little with the rows (2x128 by 128x512 at about 80% of 16x128's speed per row on "
+        "one core of a 2-core Intel Xeon VM with AVX-512); 8 before, which held the W5 "
+        "LSTM's 32 rows to 4 threads",
         "A loop whose step keeps its rows apart is split between threads only where each "
         "gets this many rows at least.")
 _define("SCAN_SPLIT_MIN_ELEMENTS", 1 << 19,

@@ -390,7 +390,8 @@ _define("CONV_WINOGRAD_KEPT_BYTES", 64 << 20, "bytes",
 # -- jit_kernels/packed.py (the packed micro-kernel)
 _define("PACKED_VECTOR_BYTES", None, "bytes",
         "derived: None takes the vector registers of the CPU target (the host, or "
-        "NUMBACKEND_CPU_TARGET; 64 bytes with AVX-512, else 32: jit_kernels.compiling)",
+        "NUMBACKEND_CPU_TARGET, a CPU named there having the features LLVM gives it; 64 "
+        "bytes with AVX-512, else 32: jit_kernels.compiling.target_vector_bytes)",
         "a panel of the packed products is two vectors wide", compiled=True)
 _define("PACKED_ONE_ROW_PANELS", 4, "panels",
         "measured on one core of the 2-core AMD VM: 1 x 784 by 784 x 512 in 23.8 us against "

@@ -1,5 +1,6 @@
 """What splits and chunk sizes derive from: the caches read from a made-up
-/sys tree, and the part counts for given thread counts and work."""
+/sys tree, the part counts for given thread counts and work, and the vector
+width of a CPU target, asked of LLVM for CPUs this machine need not be."""
 import pytest
 
 from jit_kernels import machine
@@ -75,3 +76,13 @@ def test_parts_of_python_number_the_square_root_of_work_over_a_hand_off(work, th
     """n parts of Python end about n hand-offs and 1/n of the work after the
     start: fewest at sqrt(work / hand-off)."""
     assert machine.python_part_count(work, threads, 32768, most) == count
+
+
+@pytest.mark.parametrize("cpu, avx512", [("skylake-avx512", True), ("cascadelake", True),
+                                         ("icelake-server", True), ("x86-64-v4", True),
+                                         ("znver4", True), ("x86-64-v3", False), ("znver3", False),
+                                         ("haswell", False), ("generic", False)])
+def test_a_cpu_named_without_features_has_avx512_by_llvms_word(cpu, avx512):
+    # it was x86-64-v4 alone: NUMBACKEND_CPU_TARGET=skylake-avx512 got AVX2's panels
+    from jit_kernels import compiling
+    assert compiling._has_avx512(cpu) == avx512

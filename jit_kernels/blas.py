@@ -81,6 +81,21 @@ def _bind():
     return False
 
 
+def _follow_numbackend_threads(get, set_):
+    """Size OpenBLAS's pool, whose threads run numbackend's parts, to numbackend's
+    thread count (NUMBACKEND_NUM_THREADS: the CPUs the process may use, or the
+    user's choice): fewer threads where NumPy loaded OpenBLAS before numbackend
+    could set its environment; more where OpenBLAS held itself to the CPUs it
+    found (it counts them, not the variable) or NumPy loaded first, unless
+    OpenBLAS's own variable asks for another count."""
+    limit = os.environ.get("NUMBACKEND_NUM_THREADS", "")
+    if not limit.isdigit() or int(limit) < 1:
+        return
+    own = os.environ.get("OPENBLAS_NUM_THREADS", os.environ.get("OMP_NUM_THREADS"))
+    if int(limit) < get() or (int(limit) > get() and own in (None, limit)):
+        set_(int(limit))  # OpenBLAS holds it to the most it was built for
+
+
 def _bind_thread_count(lib):
     global _thread_count, _run_on_pool
     for get_name, set_name in _THREAD_SYMBOLS:
@@ -89,11 +104,7 @@ def _bind_thread_count(lib):
             get.restype, get.argtypes = ctypes.c_int, []
             set_.restype, set_.argtypes = None, [ctypes.c_int]
             _thread_count = (get, set_)
-            # numbackend's count (the CPUs the process may use) where NumPy
-            # loaded OpenBLAS before numbackend could set its environment
-            limit = os.environ.get("NUMBACKEND_NUM_THREADS", "")
-            if limit.isdigit() and 0 < int(limit) < get():
-                set_(int(limit))
+            _follow_numbackend_threads(get, set_)
             break
     run = getattr(lib, "gotoblas_pthread", None)
     if run is not None and _thread_count is not None:

@@ -7,7 +7,7 @@ chunk; and col2im, which gathers columns back for the input gradient.
 import numpy as np
 from numba import prange
 
-from . import tuning
+from . import blas, machine, tuning
 from .compiling import njit_cached_twins
 from .windows import JIT_OPTIONS, in_image_parts, launch, positions_per_image, window_patches
 
@@ -77,10 +77,17 @@ def add_columns(cols, first, dx5, g):
     launch(_col2im, cols.size, cols, first, dx5, g.kernel, g.stride, g.dilation, g.pad, g.out)
 
 
-def _chunk_images(g, width, itemsize):
+def _chunk_images(g, width, itemsize, batch):
     """How many images per im2col chunk, whose rows are ``width`` values wide: a
-    chunk's columns about ``tuning.CONV_COLUMN_CHUNK_BYTES``."""
-    return max(1, tuning.CONV_COLUMN_CHUNK_BYTES // max(1, positions_per_image(g) * width * itemsize))
+    chunk's columns about ``tuning.CONV_COLUMN_CHUNK_BYTES``, and where the batch
+    may split between threads no more than each thread's share of the L3 cache,
+    so that every thread's chunk stays in it."""
+    chunk_bytes = tuning.CONV_COLUMN_CHUNK_BYTES
+    if batch > 1:  # blas.threads() is a call into OpenBLAS: not at batch 1
+        share = machine.shared_cache_share(blas.threads())
+        if share is not None:
+            chunk_bytes = min(chunk_bytes, share)
+    return max(1, chunk_bytes // max(1, positions_per_image(g) * width * itemsize))
 
 
 def columns_times(x5, g, w2, y2, finish=None):
@@ -92,7 +99,7 @@ def columns_times(x5, g, w2, y2, finish=None):
     # with an epilogue, its block of products stays in cache too (mnist_cnn's first
     # layer: 9 taps, 32 channels)
     width = patch if finish is None else max(patch, out_ch)
-    chunk = _chunk_images(g, width, x5.itemsize)
+    chunk = _chunk_images(g, width, x5.itemsize, batch)
     patches = window_patches(x5, g)
 
     def run(lo, hi):
@@ -108,14 +115,15 @@ def columns_times(x5, g, w2, y2, finish=None):
             if finish is not None:
                 finish(target, start, start + rows)
 
-    in_image_parts(batch, chunk, run)
+    # work: the columns written, the outputs written
+    in_image_parts(batch, batch * positions * (patch + out_ch), run)
 
 
 def gradient_to_columns(dy2, w2t, g, dx5):
     """dx5 = col2im(dy2 @ w2t) chunk by chunk; dy2 is (N*P, OC), w2t (OC, taps*C)."""
     batch, patch = dx5.shape[0], w2t.shape[1]
     positions = positions_per_image(g)
-    chunk = _chunk_images(g, patch, dx5.itemsize)
+    chunk = _chunk_images(g, patch, dx5.itemsize, batch)
 
     def run(lo, hi):
         cols = np.empty((min(chunk, hi - lo) * positions, patch), dx5.dtype)
@@ -124,14 +132,15 @@ def gradient_to_columns(dy2, w2t, g, dx5):
             np.matmul(dy2[first * positions:first * positions + rows], w2t, out=cols[:rows])
             add_columns(cols[:rows], first, dx5, g)
 
-    in_image_parts(batch, chunk, run)
+    # work: the gradients read, the columns written and added up
+    in_image_parts(batch, batch * positions * (dy2.shape[1] + patch), run)
 
 
 def columns_transposed_times(x5, g, dy2, patch):
     """im2col(x5).T @ dy2, summed over batch chunks: (taps*C, OC)."""
     batch = x5.shape[0]
     positions = positions_per_image(g)
-    chunk = _chunk_images(g, patch, x5.itemsize)
+    chunk = _chunk_images(g, patch, x5.itemsize, batch)
     patches = window_patches(x5, g)
 
     def run(lo, hi):
@@ -143,4 +152,5 @@ def columns_transposed_times(x5, g, dy2, patch):
             total += cols[:rows].T @ dy2[first * positions:first * positions + rows]
         return total
 
-    return sum(in_image_parts(batch, chunk, run))
+    # work: the columns written, the gradients read
+    return sum(in_image_parts(batch, batch * positions * (patch + dy2.shape[1]), run))

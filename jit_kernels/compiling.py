@@ -337,12 +337,36 @@ def cpu_target():
 
 def target_vector_bytes():
     """The width in bytes of the vector registers of the CPU target: 64 where it
-    has AVX-512 (by its features, or ``x86-64-v4`` named without features),
-    else 32 (AVX; narrower machines split each vector in two)."""
+    has AVX-512 (by its features, or where a CPU is named without features,
+    such as ``x86-64-v4`` or ``skylake-avx512``, by that CPU's own), else 32
+    (AVX; narrower machines split each vector in two)."""
     name, features = cpu_target()
     if features:
         return 64 if "+avx512f" in features.split(",") else 32
-    return 64 if name == "x86-64-v4" else 32
+    return 64 if _has_avx512(name) else 32
+
+
+# A 512-bit vector operation, which LLVM compiles to one instruction on zmm
+# registers where the CPU has AVX-512, else splits
+_WIDE_VECTOR_IR = """
+define void @wide(<16 x float>* %a) {
+  %v = load <16 x float>, <16 x float>* %a
+  %w = fadd <16 x float> %v, %v
+  store <16 x float> %w, <16 x float>* %a
+  ret void
+}
+"""
+
+
+@_functools.cache
+def _has_avx512(cpu_name):
+    """Whether the CPU LLVM knows as ``cpu_name`` (with its own features) has
+    AVX-512: LLVM's word, from the code it makes for a 512-bit vector (a few ms,
+    once).  Not from a list of names, which would miss the CPUs LLVM adds."""
+    _llvm.initialize_native_target()
+    _llvm.initialize_native_asmprinter()
+    machine = _llvm.Target.from_default_triple().create_target_machine(cpu=cpu_name, features="")
+    return "zmm" in machine.emit_assembly(_llvm.parse_assembly(_WIDE_VECTOR_IR))
 
 
 def target_key():

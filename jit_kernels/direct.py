@@ -167,7 +167,8 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
             if finish is not None:
                 finish(target, start, stop)
 
-    in_image_parts(batch, chunk, run)
+    # work: each pass writes (or adds to) every output value
+    in_image_parts(batch, batch * positions * out_ch * offsets.shape[0], run)
 
 
 class DirectLoop(NamedTuple):

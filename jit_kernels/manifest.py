@@ -31,7 +31,7 @@ from numba.core import event
 MANIFEST_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "signatures.txt")
 
 # The modules of this package that hold no kernels.
-_NOT_KERNEL_MODULES = {"__init__", "compiling", "manifest", "tuning"}
+_NOT_KERNEL_MODULES = {"__init__", "compiling", "machine", "manifest", "tuning"}
 
 PART_SIGNATURE = "part"
 

@@ -34,7 +34,11 @@ from .compiling import njit_cached, target_vector_bytes
 VECTOR_BYTES = tuning.PACKED_VECTOR_BYTES or target_vector_bytes()
 # A panel is two vectors wide, and a tile has up to six rows: 12 vector sums,
 # two vectors of the panel and a broadcast value fit AVX2's 16 registers.  Not
-# a tuning entry: the six tile kernels below are written for it.
+# a tuning entry: the six tile kernels below are written for it.  AVX-512's 32
+# registers would hold 14 rows: tiles of 12 ran from no faster to 17% faster
+# than tiles of 6 on one core of a busy 2-core AVX-512 Xeon VM, within its
+# noise, so the six stay until a quiet machine says otherwise (the panels do
+# follow the vector width).
 TILE_ROWS = 6
 
 
@@ -305,14 +309,17 @@ def matmul_each(a, b, out):
 
 
 @njit_cached(**_JIT)
-def _parts_of_product(a, packed, out, count):
+def _parts_of_product(a, packed, out, threads):
     """The descriptors of :func:`_product_part_of` for out = a @ B, B packed by
-    :func:`pack`, in ``count`` parts or fewer (whole panels each); a and out
+    :func:`pack`, in parts of whole panels, one per thread of ``threads``
+    where each reads ``tuning.PARTS_MIN_WORK`` items of B at least (a product
+    of a few rows by weights is bound by reading them), else fewer; a and out
     C-contiguous."""
     panels, k, width = packed.shape
     m, n, _, _ = _check(a, packed.itemsize, out, k)
     if panels != (n + width - 1) // width or width != panel_width(packed.itemsize):
         raise ValueError("jit_kernels.packed: the shapes of a product do not match")
+    count = parts.part_count(k * n, threads, tuning.PARTS_MIN_WORK, panels)
     per = (panels + count - 1) // count
     count = (panels + per - 1) // per
     d = np.empty((count, 10), np.int64)
@@ -353,15 +360,14 @@ product_parts = {4: parts.compiled_part(_product_part_float32), 8: parts.compile
 def matmul_packed_in_parts(a, packed, out):
     """:func:`matmul_packed` with the panels split between BLAS's threads
     (jit_kernels.parts), for a and out C-contiguous.  A product by the weights
-    of a layer at batch 1 is bound by reading them from memory, which both
+    of a layer at batch 1 is bound by reading them from memory, which the
     threads then share (see tuning.PACKED_WEIGHTS_MAX_ROWS)."""
     if not (a.flags.c_contiguous and out.flags.c_contiguous and packed.flags.c_contiguous):
         raise ValueError("jit_kernels.packed: the parts read and write whole C-contiguous arrays")
-    count = max(1, blas.threads())
     if out.size == 0 or a.shape[1] == 0:
         matmul_packed(a, packed, out)  # nothing to split; checks the shapes
         return
-    parts.run(product_parts[a.itemsize], _parts_of_product(a, packed, out, count))
+    parts.run(product_parts[a.itemsize], _parts_of_product(a, packed, out, max(1, blas.threads())))
 
 
 @njit_cached(**_JIT)

@@ -19,7 +19,7 @@ from numba import carray, types
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
 
-from . import blas, tuning
+from . import blas, machine, tuning
 from .compiling import install_cache, njit_cached
 from .fork import fork_gate
 
@@ -34,6 +34,10 @@ def _pointer(typingctx, address, dtype):
     def codegen(context, builder, sig, args):
         return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
     return signature, codegen
+
+
+# machine.part_count for compiled code (the parts' descriptors are laid out there)
+part_count = njit_cached(inline='always')(machine.part_count)
 
 
 @njit_cached(inline='always')

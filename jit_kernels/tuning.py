@@ -33,6 +33,8 @@ import numbers
 import os
 import threading
 
+from . import machine
+
 __all__ = ["Entry", "compiled_values", "entries", "override", "pins"]
 
 
@@ -267,9 +269,13 @@ _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x colum
 
 # --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
 
-_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 8, "rows (axis 0 of the states) per thread",
-        "chosen, not measured as a curve: handing work to another thread costs tens of "
-        "microseconds, more where it sleeps",
+_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 2, "rows (axis 0 of the states) per thread",
+        "derived: each part runs the whole loop over its rows, with no hand-off between "
+        "steps, so it needs rows only for its own products: from 2 rows up they run on the "
+        "packed tiles (at SCAN_PACKED_MIN_ROWS's default), whose speed per row changes "
+        "little with the rows (2x128 by 128x512 at about 80% of 16x128's speed per row on "
+        "one core of a 2-core Intel Xeon VM with AVX-512); 8 before, which held the W5 "
+        "LSTM's 32 rows to 4 threads",
         "A loop whose step keeps its rows apart is split between threads only where each "
         "gets this many rows at least.")
 _define("SCAN_SPLIT_MIN_ELEMENTS", 1 << 19,
@@ -304,33 +310,6 @@ _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
 # means one 2-core AMD EPYC (Zen, AVX2) virtual machine, the only machine
 # these were measured on.
 
-def _cache_bytes(level, default):
-    """The size of the first CPU's data (or unified) cache of ``level`` in bytes,
-    from Linux's /sys; ``default`` where it cannot be read."""
-    folder = "/sys/devices/system/cpu/cpu0/cache"
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return default
-    for name in sorted(names):
-        try:
-            with open(os.path.join(folder, name, "level")) as f:
-                found = int(f.read())
-            with open(os.path.join(folder, name, "type")) as f:
-                kind = f.read().strip()
-            with open(os.path.join(folder, name, "size")) as f:
-                size = f.read().strip()
-        except (OSError, ValueError):
-            continue
-        if found == level and kind in ("Data", "Unified"):
-            scale = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-            try:
-                return int(size.rstrip("KM")) * scale
-            except ValueError:
-                return default
-    return default
-
-
 # -- jit_kernels/windows.py (every window kernel: conv, pool, resize, sparse)
 _define("LIBRARY_PARALLEL_MIN_WORK", 1 << 24, "elements touched",
         "measured on the 2-core AMD VM: waking Numba's threads costs a few us on an idle machine, "
@@ -350,7 +329,9 @@ _define("CONV_COLUMN_CHUNK_BYTES", 2 << 20, "bytes",
         "measured on the 2-core AMD VM: mnist_cnn's second layer at batch 64 ran 20% faster with "
         "2 MB chunks than 8 MB ones; 1 MB ones pay for more switches between the copy and BLAS",
         "im2col works batch chunk by batch chunk, each chunk's columns about this size, so that "
-        "BLAS reads them while they are still in cache")
+        "BLAS reads them while they are still in cache; where the batch may split between "
+        "threads, no more than each thread's share of the L3 cache (jit_kernels.machine."
+        "shared_cache_share), so that all the threads' chunks fit in it together")
 _define("CONV_TAPWISE_MIN_ROWS", 1024, "column rows",
         "measured on the 2-core AMD VM: tap by tap 3x faster from a few images up; for one image "
         "(676 rows) the whole view was faster (fewer NumPy calls)",
@@ -373,11 +354,15 @@ _define("CONV_DIRECT_MAX_PATCH", 36, "window values (taps x input channels)",
         "a convolution whose windows hold at most this many values runs the direct loop rather "
         "than im2col + BLAS, whose products with so few columns run far below speed")
 _define("CONV_DIRECT_MIN_ROW_BYTES", 128, "bytes of a row of output channels",
-        "derived: four 256-bit vectors (the direct loop over output channels vectorises from "
-        "LLVM's interleaving of four vectors on, see compiling.py)",
+        "derived: four 256-bit vectors, the direct loop's vector body (LLVM interleaves four "
+        "vectors, see compiling.py); 256-bit on AVX2 and on Intel's AVX-512 CPUs too, whose "
+        "loops LLVM vectorises with 256-bit vectors (its code for skylake-avx512, "
+        "cascadelake, icelake-server, sapphirerapids and x86-64-v4); where loops take "
+        "512-bit vectors (LLVM's znver4), rows of 128 bytes run its vectorised remainder "
+        "loop, of 256-bit vectors",
         "the direct loop only where a row of output channels is at least this long: below, it "
         "runs as scalar code")
-_define("CONV_DIRECT_CHUNK_BYTES", _cache_bytes(2, 512 << 10), "bytes",
+_define("CONV_DIRECT_CHUNK_BYTES", machine.cache_bytes(2, 512 << 10), "bytes",
         "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
         "the 2-core AMD VM where it was chosen)",
         "the direct loop's block of outputs per chunk of images, which an epilogue then reads "
@@ -412,7 +397,8 @@ _define("CONV_WINOGRAD_KEPT_BYTES", 64 << 20, "bytes",
 # -- jit_kernels/packed.py (the packed micro-kernel)
 _define("PACKED_VECTOR_BYTES", None, "bytes",
         "derived: None takes the vector registers of the CPU target (the host, or "
-        "NUMBACKEND_CPU_TARGET; 64 bytes with AVX-512, else 32: jit_kernels.compiling)",
+        "NUMBACKEND_CPU_TARGET, a CPU named there having the features LLVM gives it; 64 "
+        "bytes with AVX-512, else 32: jit_kernels.compiling.target_vector_bytes)",
         "a panel of the packed products is two vectors wide", compiled=True)
 _define("PACKED_ONE_ROW_PANELS", 4, "panels",
         "measured on one core of the 2-core AMD VM: 1 x 784 by 784 x 512 in 23.8 us against "
@@ -434,6 +420,23 @@ _define("PACKED_CACHE_BYTES", _cache_bytes(2, 512 << 10), "bytes",
         "BLAS would run it on no more threads (jit_kernels.packed.runs_packed)")
 
 # -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
+# How much work a part must get.  Work is counted in elements touched (read or
+# written once; for a product by weights, the weights' items read): the
+# library's loops take roughly 0.1 to 1 ns per element on one core.
+_define("PARTS_MIN_WORK", 1 << 14, "elements touched per part",
+        "derived: a compiled part costs about 1.5 us to hand to a thread of the pool (two "
+        "empty parts ran in 3 us on the 2-core AMD VM), and 16K elements take about 2 to "
+        "16 us: split finer, the hand-offs would cost about as much as the work they share",
+        "compiled parts (packed products by weights, Winograd's bands) split their work "
+        "between the threads so that each part gets this much at least; work too small "
+        "for two parts runs on the calling thread", compiled=True)
+_define("PARTS_PYTHON_HANDOFF_WORK", 1 << 15, "elements touched",
+        "derived: a part of Python (parts.run_parts) takes about 15 us of its thread's time "
+        "and of the GIL's to start and end (a run of two parts cost 29 us on the 2-core AMD "
+        "VM), the time of about 32K elements at 0.5 ns each",
+        "parts of Python (a convolution's images or bands, pooling by images) hand their "
+        "work out one after another, each holding the GIL: work W splits into about "
+        "sqrt(W / this) parts (machine.python_part_count), at most one per thread")
 _define("PARTS_LATE_START_NS", 500_000, "ns",
         "chosen: a thread woken from sleep starts within tens of microseconds",
         "a run on the pool whose last thread started its part this long after the run began, "

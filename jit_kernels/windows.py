@@ -17,7 +17,7 @@ from collections import namedtuple
 
 import numpy as np
 
-from . import blas, parts, tuning
+from . import blas, machine, parts, tuning
 from .fork import parallel_ok
 
 # the options of the window kernels' @njit_cached
@@ -150,12 +150,12 @@ def launch_by_images(kernel, work, batched, *rest):
     """:func:`launch` of ``kernel(*batched, *rest)``, where each array of
     ``batched`` has the images on its first axis.  From
     ``tuning.LIBRARY_IMAGE_PARTS_MIN_WORK`` up the images split between BLAS's threads
-    (:func:`parts.run_parts`), each part on one thread: Numba's own threads
+    (:func:`in_image_parts`), each part on one thread: Numba's own threads
     would wait for OpenBLAS's, which spin on after the last product."""
     batch = batched[0].shape[0]
     if work < tuning.LIBRARY_IMAGE_PARTS_MIN_WORK or min(blas.threads(), batch) < 2:
         return launch(kernel, work, *batched, *rest)
-    in_image_parts(batch, 1, lambda lo, hi: kernel.serial(*(a[lo:hi] for a in batched), *rest))
+    in_image_parts(batch, work, lambda lo, hi: kernel.serial(*(a[lo:hi] for a in batched), *rest))
 
 
 def check_conv(x_shape, w_shape, what):
@@ -231,16 +231,19 @@ def is_pointwise(g):
     return g.kernel == (1, 1, 1) and g.stride == (1, 1, 1)
 
 
-def in_image_parts(batch, chunk, run):
+def in_image_parts(batch, work, run):
     """``[run(lo, hi)]`` over images (or Winograd's bands) lo..hi-1, split between
-    BLAS's threads (:func:`parts.run_parts`) when each part gets at least a
-    whole chunk.  Each part then copies its columns and multiplies them on
-    one thread while the other copies or multiplies its own, which beat one
-    copy at a time followed by a product on both threads (PERFORMANCE.md, W4:
-    batch split); with less than a chunk per part it gained nothing."""
-    count = batch // chunk
-    if count >= 2:  # threads() is a call into OpenBLAS: not at batch 1
-        count = min(blas.threads(), count)
+    BLAS's threads (:func:`parts.run_parts`) by ``work``, the elements all the
+    images touch: parts of Python, each holding the GIL while it starts, so
+    about sqrt(work / ``tuning.PARTS_PYTHON_HANDOFF_WORK``) of them, at most
+    one per thread (machine.python_part_count).  Each part then copies its
+    columns and multiplies them on one thread while the others copy or
+    multiply their own, which beat one copy at a time followed by a product
+    on both threads (PERFORMANCE.md, W4: batch split); ``run`` goes through
+    its images chunk by chunk."""
+    count = 1
+    if batch >= 2 and work >= 4 * tuning.PARTS_PYTHON_HANDOFF_WORK:  # threads() calls OpenBLAS
+        count = machine.python_part_count(work, blas.threads(), tuning.PARTS_PYTHON_HANDOFF_WORK, batch)
     if count < 2:
         return [run(0, batch)]
     per = -(-batch // count)

@@ -206,7 +206,10 @@ def winograd_products(x5, g, w, y2, finish=None, remember=True, band_work=None):
     bands = batch * tiles_h
     chunk = winograd_chunk_bands(tiles_w, channels, out_ch, x5.itemsize)
     small = bands < 2 * chunk
-    if small:
+    # Compiled parts, with no Python between chunks to hold the GIL, wherever
+    # they do all there is to do; a finisher of Python's after them where the
+    # bands make fewer than two chunks, else chunk by chunk below.
+    if small or finish is None or band_work is not None:
         target = y2 if finish is None and y2 is not None else np.empty((batch * out_h * out_w, out_ch),
                                                                        x5.dtype)
         if winograd_in_parts(rows, width, tiles_h, tiles_w, u, target, out_h, out_w,
@@ -214,10 +217,10 @@ def winograd_products(x5, g, w, y2, finish=None, remember=True, band_work=None):
             if finish is not None and band_work is None:
                 finish(target, 0, target.shape[0])
             return True
-    if band_work is not None and finish is None:  # pooled block by block from here on
-        pooled = band_work.pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
-        finish = block_finisher(g, out_ch, None, None, band_work.pool, pooled)
-    if small:  # an inf or a NaN in the inputs
+        # an inf or a NaN in the inputs: im2col, pooled block by block
+        if band_work is not None and finish is None:
+            pooled = band_work.pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
+            finish = block_finisher(g, out_ch, None, None, band_work.pool, pooled)
         columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
         return False
 
@@ -239,7 +242,8 @@ def winograd_products(x5, g, w, y2, finish=None, remember=True, band_work=None):
                 finish(target, start, stop)
 
     try:
-        in_image_parts(bands, chunk, run)
+        # work: the transformed inputs and products written
+        in_image_parts(bands, bands * tiles_w * 36 * (channels + out_ch), run)
     except _NonFiniteInput:  # rewrites every output
         columns_times(x5, g, w.reshape(-1, out_ch), y2, finish)
     return False
@@ -310,15 +314,19 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
 
 
 @njit_cached(**JIT_OPTIONS)
-def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, count, chunk, pool_mode,
+def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, threads, chunk, pool_mode,
                           pooled, epilogue, final, pool_first):
     """(descriptors, scratch) of :func:`_winograd_part_of`: the bands of ``rows``
-    in ``count`` parts or fewer, as even as whole bands allow, each part
-    ``chunk`` bands at a time with its row of the scratch; no descriptors
-    where ``rows`` hold an inf or a NaN."""
+    in parts as even as whole bands allow, one per thread of ``threads`` where
+    each gets ``tuning.PARTS_MIN_WORK`` elements of transformed inputs and
+    products at least, else fewer; each part ``chunk`` bands at a time with
+    its row of the scratch; no descriptors where ``rows`` hold an inf or a
+    NaN."""
     if not _all_finite(rows):
         return np.empty((0, _D_COLUMNS), np.int64), np.empty((0, 0), rows.dtype)
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
+    count = parts.part_count(bands * tiles_w * 36 * (rows.shape[1] + u.shape[2]), threads,
+                             tuning.PARTS_MIN_WORK, bands)
     per = -(-bands // count)
     count = -(-bands // per)
     chunk = min(per, chunk)

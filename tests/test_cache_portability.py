@@ -193,7 +193,9 @@ VECTOR_BYTES = "from jit_kernels import compiling, packed; print(packed.VECTOR_B
     ({"NUMBA_CPU_NAME": "generic", "NUMBA_CPU_FEATURES": "+avx512f"}, 64),
     ({"NUMBACKEND_CPU_TARGET": "x86-64-v3"}, 32),
     ({"NUMBACKEND_CPU_TARGET": "x86-64-v4"}, 64),
-], ids=["generic", "generic+avx512f", "x86-64-v3", "x86-64-v4"])
+    ({"NUMBACKEND_CPU_TARGET": "skylake-avx512"}, 64),  # was 32: by name, x86-64-v4 alone
+    ({"NUMBACKEND_CPU_TARGET": "znver3"}, 32),
+], ids=["generic", "generic+avx512f", "x86-64-v3", "x86-64-v4", "skylake-avx512", "znver3"])
 def test_the_packed_products_take_the_vector_width_of_the_cpu_target(settings, vector_bytes):
     # it was the host's, compiled into code that any host could load
     # under the same NUMBA_CPU_NAME

@@ -157,8 +157,8 @@ def _split_results(x, w, dy):
 
 @pytest.mark.parametrize('threads, count', [(2, 2), (4, 3)])  # 5 images: 3 + 2, 2 + 2 + 1
 def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
-    """With a chunk per part the batch splits into parts of whole images, none
-    empty, whose results are those of the whole batch at once."""
+    """The batch splits into parts of whole images, one per thread, none empty,
+    whose results are those of the whole batch at once."""
     x, w = random((5, 6, 7, 3)), random((3, 3, 3, 4))
     dy = random((5, 6, 7, 4))
     whole = _split_results(x, w, dy)
@@ -169,6 +169,7 @@ def test_conv_batch_split_between_threads(monkeypatch, threads, count, tune):
         return [part(i) for i in range(count)]
 
     tune(CONV_COLUMN_CHUNK_BYTES=1)  # one image a chunk
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)  # split however little the work
     monkeypatch.setattr(blas, 'threads', lambda: threads)
     monkeypatch.setattr(parts, 'run_parts', one_after_another)
     split = _split_results(x, w, dy)
@@ -187,6 +188,7 @@ def test_conv_batch_split_runs_on_blas_threads(monkeypatch, tune):
     run_parts = parts.run_parts
     monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
     tune(CONV_COLUMN_CHUNK_BYTES=1)
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)
     split = _split_results(x, w, dy)
     assert calls == [min(blas.threads(), 4)] * 3
     for got, expected in zip(split, whole):
@@ -266,6 +268,7 @@ def _chunked_with_epilogue(monkeypatch, tune, chunk_bytes, threads, x, w):
         np.maximum(block + bias, 0, out=out)
 
     tune(**{chunk_bytes: 1})
+    tune(PARTS_PYTHON_HANDOFF_WORK=1)
     monkeypatch.setattr(blas, 'threads', lambda: threads)
     monkeypatch.setattr(parts, 'run_parts', lambda count, part: [part(i) for i in range(count)])
     y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue)
@@ -452,12 +455,13 @@ def test_conv_winograd_chunks_and_epilogue(monkeypatch, winograd_chunks, threads
 
 def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winograd_chunks, tune):
     """However small the chunk's bytes, each product has _WINOGRAD_MIN_ROWS rows
-    (blocks) where the batch has them: 8 rows are 4 bands of 2 blocks."""
+    (blocks) where the batch has them: 8 rows are 4 bands of 2 blocks (the
+    chunks from Python, which an epilogue of Python's takes)."""
     tune(CONV_WINOGRAD_CHUNK_BYTES=1)
     tune(CONV_WINOGRAD_MIN_ROWS=8)
     monkeypatch.setattr(blas, 'threads', lambda: 1)  # the bands in order, on one thread
     x, w = random((5, 7, 6, 8)), random((3, 3, 8, 8))  # 7 x 6 outputs: 2 bands of 2 blocks
-    y = conv.conv_forward(x, w, 1, 'same')
+    y = conv.conv_forward(x, w, 1, 'same', epilogue=lambda block, out: np.copyto(out, block))
     assert winograd_chunks == [4, 4, 2]
     np.testing.assert_allclose(y, reference_conv(x, w, 1, 'same', 1), rtol=1e-12, atol=1e-12)
 
@@ -467,14 +471,17 @@ def test_conv_winograd_chunks_hold_at_least_min_rows_blocks(monkeypatch, winogra
 def test_conv_winograd_non_finite_inputs_go_through_im2col(monkeypatch, winograd_chunks, chunked, pool, tune):
     """An inf in the input makes inf only in the outputs whose windows hold it,
     and a NaN NaN only there: in Winograd's transforms they would reach every
-    output of their blocks, so such a chunk, or the parts' bands, switch the
-    convolution to im2col, pooled after it where asked."""
+    output of their blocks, so such a chunk (from Python, which an epilogue of
+    Python's takes), or the parts' bands, switch the convolution to im2col,
+    pooled after it where asked."""
     x, w = random((2, 9, 10, 8)), np.abs(random((3, 3, 8, 8))) + 0.5
     x[1, 4, 5, 3] = np.inf
     x[1, 8, 9, 0] = np.nan  # a corner: in 4 windows
+    epilogue = None
     if chunked:
         tune(CONV_WINOGRAD_CHUNK_BYTES=1)
-    y = conv.conv_forward(x, w, 1, 'same', pool=pool)
+        epilogue = lambda block, out: np.copyto(out, block)
+    y = conv.conv_forward(x, w, 1, 'same', epilogue=epilogue, pool=pool)
     # image 0's 3 bands, then image 1's first stops it; or all 6 bands at once
     assert winograd_chunks == ([1] * 3 if chunked else [6])
     expected = reference_conv(x, w, 1, 'same', 1)
@@ -548,7 +555,8 @@ _vector_minus_block_part = parts.compiled_part(_vector_minus_block)
 def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, padding, chunked, compiled, tune):
     """With pool_first, the epilogue runs on the max-pooled values (a decreasing
     one here, so that the other order gives other numbers): in Winograd's parts
-    where they pool a compiled epilogue's blocks, else after the pooling."""
+    where they pool a compiled epilogue's blocks (however many chunks their
+    bands make), else after the pooling."""
     if chunked:
         tune(CONV_COLUMN_CHUNK_BYTES=1, CONV_DIRECT_CHUNK_BYTES=1, CONV_WINOGRAD_CHUNK_BYTES=1)
         tune(CONV_WINOGRAD_MIN_ROWS=2 * 3)
@@ -567,7 +575,7 @@ def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, paddi
     y = conv.conv_forward(x, w, 1, padding, epilogue=epilogue, pool='max', pool_first=True)
     pooled = reference_pool_2x2(reference_conv(x, w, 1, padding, 1), 'max')
     np.testing.assert_allclose(y, vector - pooled, rtol=1e-12, atol=1e-12)
-    in_parts = compiled and w_shape[2] == 8 and not chunked
+    in_parts = compiled and w_shape[2] == 8
     assert from_python == ([] if in_parts else [(pooled.size // w_shape[-1], w_shape[-1])])
 
 
@@ -576,7 +584,7 @@ def test_conv_pooled_first(monkeypatch, winograd_chunks, x_shape, w_shape, paddi
 def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winograd_chunks, chunked, pool, tune):
     """A compiled epilogue (a decreasing one: pooling it first would give other
     numbers) runs in Winograd's parts on their bands' outputs, before their
-    pooling; in chunks, from Python."""
+    pooling, however many chunks their bands make: never from Python."""
     if chunked:
         tune(CONV_WINOGRAD_CHUNK_BYTES=1)
         tune(CONV_WINOGRAD_MIN_ROWS=2 * 3)
@@ -592,7 +600,7 @@ def test_conv_winograd_runs_a_compiled_epilogue_in_its_parts(monkeypatch, winogr
     if pool is not None:
         expected = reference_pool_2x2(expected, pool)
     np.testing.assert_allclose(y, expected, rtol=1e-12, atol=1e-12)
-    assert winograd_chunks and bool(from_python) == chunked
+    assert winograd_chunks == [9] and not from_python
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

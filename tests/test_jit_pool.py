@@ -102,7 +102,7 @@ def test_pool_split_by_images_between_blas_threads(monkeypatch, mode, tune):
     calls = []
     run_parts = parts.run_parts
     monkeypatch.setattr(parts, 'run_parts', lambda count, part: calls.append(count) or run_parts(count, part))
-    tune(LIBRARY_IMAGE_PARTS_MIN_WORK=0)
+    tune(LIBRARY_IMAGE_PARTS_MIN_WORK=0, PARTS_PYTHON_HANDOFF_WORK=1)
     np.testing.assert_allclose(forward(x, (2, 3), (2, 2), 'same'), expected, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(backward(dy, x if mode == 'max' else x.shape, (2, 3), (2, 2), 'same'),
                                whole, rtol=1e-12, atol=1e-12)

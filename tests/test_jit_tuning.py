@@ -16,8 +16,9 @@ def test_every_jit_kernels_entry_is_described():
     assert {e.name for e in entries if e.decides} >= {"CONV_PATH", "PARTS_LATE_START_NS", "PARTS_LATE_RUNS",
                                                        "PARTS_CONTENDED_SERIAL_NS"}
     assert {e.name for e in entries if e.compiled} == {"PACKED_VECTOR_BYTES", "PACKED_ONE_ROW_PANELS",
-                                                       "PACKED_BLOCK_ROWS", "PARTS_LATE_START_NS",
-                                                       "PARTS_LATE_RUNS", "PARTS_CONTENDED_SERIAL_NS"}
+                                                       "PACKED_BLOCK_ROWS", "PARTS_MIN_WORK",
+                                                       "PARTS_LATE_START_NS", "PARTS_LATE_RUNS",
+                                                       "PARTS_CONTENDED_SERIAL_NS"}
 
 
 def test_entries_compiled_into_kernels_refuse_an_override():

@@ -409,7 +409,7 @@ _define("PACKED_BLOCK_ROWS", 48, "rows",
         "chosen: 48 rows of k = 512 floats stay in a core's L2 cache (8 tiles of 6 rows)",
         "the rows of the left operand multiplied by every panel in turn", compiled=True)
 
-_define("PACKED_CACHE_BYTES", _cache_bytes(2, 512 << 10), "bytes",
+_define("PACKED_CACHE_BYTES", machine.cache_bytes(2, 512 << 10), "bytes",
         "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
         "the 2-core AMD VM); measured on the 2-core Xeon VM (AVX-512, 1 MB of L2), one thread: "
         "m x 128 by 128 x 512 (256 KB of weights) packed as fast as BLAS or faster up to "

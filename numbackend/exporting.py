@@ -33,7 +33,8 @@ import types
 import numpy as np
 
 from . import codegen, compiled_plan, core, runtime
-from .graph import format_shape
+from .graph import format_shape, toposort
+from .ops import batch
 from .plan import BODIES
 
 FORMAT = 1
@@ -101,17 +102,23 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
     and checked when the folder loads.  ``threads``: False builds a serial
     library (no pthreads).
 
-    Raises ExportError naming the step (op, name, shape) that has no compiled
-    form, and where no C compiler is found.  Returns ``dest``."""
+    Raises ExportError naming the step (op, name, shape; for a Keras model,
+    the layer) that has no compiled form, or that would mix the rows of a
+    batch (the library runs a batch in chunks of rows, each on its own: see
+    ops/batch.py), and where no C compiler is found.  Returns ``dest``."""
     function = _function_of(model_or_function)
     cpu, features, flags = _target(target)
     program, fed, defaults = function.inference_program()
     inputs = _arrays_of(fed, "input")
-    outputs = _arrays_of(program.targets, "output")
+    # steps that mix rows first, then those with no compiled form, then those
+    # not known to keep rows apart
+    _check_rows_apart(program, fed, model_or_function, strict=False)
     rendered = compiled_plan.render_export(program, BODIES)
     if rendered.refused is not None:
         raise ExportError(f"export: this step has no compiled form, so the model cannot be "
                           f"exported: {rendered.refused}")
+    _check_rows_apart(program, fed, model_or_function)
+    outputs = _arrays_of(program.targets, "output")
     codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
     held, scalars = compiled_plan.held_arrays(program, rendered)
     for i, value in enumerate(defaults):  # placeholders not fed: constants of the export
@@ -164,6 +171,43 @@ def _function_of(model_or_function):
         return core.function(inputs, outputs)
     raise TypeError("export: export a Keras model or a K.function, got "
                     f"{type(model_or_function).__name__}")
+
+
+def _check_rows_apart(program, fed, model, strict=True):
+    """ExportError unless each row of every output depends on the same row of
+    the inputs alone: the library runs each chunk of CHUNK_ROWS rows of a batch
+    on its own (ops/batch.py: each input's axis 0 is the batch, each op's rule
+    says where its result's batch axis lies, an op with no rule is refused).
+    The error names the op, its tensor and, for a Keras model, the layer.
+    Not ``strict``: only the steps known to mix rows, and not the outputs."""
+    fed_ids = {t.id for t in fed}
+    known = {p.id: batch.Batch(0) if p.id in fed_ids else None for p in program.placeholders}
+    try:
+        batches = batch.trace(program.targets, known, strict)
+    except batch.RowsRefused as exc:
+        raise ExportError(f"export: {_in_layer(model, exc.node)}{exc}: an export runs each chunk "
+                          f"of {CHUNK_ROWS} rows of a batch on its own, so each row of its "
+                          "outputs must depend on the same row of its inputs alone") from None
+    if not strict:
+        return
+    for i, t in enumerate(program.targets):
+        if batches[t.id] != batch.Batch(0):
+            where = "no axis" if batches[t.id] is None else batches[t.id]
+            raise ExportError(f"export: output {i} ({batch.describe(t)}"
+                              f"{_in_layer(model, t, ', ')}) carries the batch on {where}: an "
+                              "export needs outputs whose axis 0 is the batch, one entry per row")
+
+
+def _in_layer(model, node, prefix=""):
+    """'layer NAME: ' where ``node`` (by its name) is computed by the Keras layer
+    NAME of ``model``, else ''."""
+    for layer in getattr(model, "layers", None) or []:
+        for inbound in getattr(layer, "_inbound_nodes", []):
+            inputs = {t.name for t in toposort(list(inbound.input_tensors))}
+            if any(t.name == node.name and t.name not in inputs
+                   for t in toposort(list(inbound.output_tensors))):
+                return f"{prefix}layer {layer.name!r}" + ("" if prefix else ": ")
+    return ""
 
 
 def _arrays_of(tensors, kind):

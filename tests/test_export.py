@@ -216,6 +216,50 @@ def test_predict_checks_its_inputs(mlp, tmp_path):
     assert lines[3] == "(0, 4)"
 
 
+def test_an_existing_folder_is_replaced_only_when_asked(mlp, tmp_path):
+    folder, f, _ = mlp
+    before = (folder / "weights.bin").read_bytes()
+    with pytest.raises(ExportError, match="exists; pass overwrite=True"):
+        K.export(f, str(folder))
+    assert (folder / "weights.bin").read_bytes() == before
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept)
+    (kept / "stale.txt").write_text("from an earlier export")
+    K.export(f, str(kept), overwrite=True)
+    assert sorted(os.listdir(kept)) == sorted(os.listdir(folder))  # replaced whole
+    assert os.listdir(tmp_path) == ["kept"]
+
+
+def test_an_export_that_predicts_otherwise_is_refused(mlp, tmp_path, monkeypatch):
+    """The folder's predictions of a random batch are checked against the
+    function's before it takes DEST's place: here its weights are doubled on
+    their way to weights.bin.  A failed export leaves DEST as it was and
+    nothing beside it."""
+    from numbackend import compiled_plan, exporting
+    folder, f, _ = mlp
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept)
+    write_weights = exporting._write_weights
+
+    def doubled(path, key, inputs, outputs, held):
+        held = [compiled_plan.Held(h.name, h.shape, h.dtype, constant=h.array() * 2)
+                if h.dtype.kind == "f" else h for h in held]
+        write_weights(path, key, inputs, outputs, held)
+
+    monkeypatch.setattr(exporting, "_write_weights", doubled)
+    with pytest.raises(ExportError, match=r"on a random batch of 40 rows, output 0 of the "
+                                          r"exported library differs from the function's"):
+        K.export(f, str(kept), overwrite=True)
+    with pytest.raises(ExportError, match="differs from the function's"):
+        K.export(f, str(tmp_path / "new"))
+    for name in os.listdir(folder):
+        assert (kept / name).read_bytes() == (folder / name).read_bytes()
+    assert os.listdir(tmp_path) == ["kept"]
+    # verify=False writes what it built, unchecked
+    K.export(f, str(tmp_path / "unchecked"), verify=False)
+    assert (tmp_path / "unchecked" / "weights.bin").read_bytes() != (folder / "weights.bin").read_bytes()
+
+
 def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
     x = K.placeholder((None, 5))
     f = K.function([x], [K.cumsum(x * 2.0, axis=1)])

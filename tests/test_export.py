@@ -303,6 +303,18 @@ def test_a_step_that_mixes_rows_is_refused_by_name(name, tmp_path):
     assert not (tmp_path / name).exists()
 
 
+def test_ctc_decoding_is_refused_with_its_reason(tmp_path):
+    """Keras's image_ocr decodes with K.ctc_decode(y_pred, input_length,
+    greedy=True): its labels are padded to the batch's longest decoding."""
+    y_pred = K.placeholder((None, 6, 4))
+    lengths = K.placeholder((None,), dtype="int32")
+    decoded = K.ctc_decode(y_pred, lengths, greedy=True)[0][0]
+    f = K.function([y_pred, lengths], [decoded])
+    with pytest.raises(ExportError, match=r"export: ctc_decode 'ctc_decode_\d+' .* pads each "
+                                          r"row's decoding to the longest of the whole batch"):
+        K.export(f, str(tmp_path / "ctc_model"))
+
+
 def test_steps_that_move_the_batch_axis_but_keep_rows_apart_export(tmp_path):
     """The batch moved to axis 1 and reduced over axis 0 there; merged with the
     axis after it (as TimeDistributed does) and split again: rows stay apart,

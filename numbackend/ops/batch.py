@@ -20,6 +20,7 @@ wherever an input carries the batch.
 from typing import NamedTuple
 
 from ..graph import format_shape, toposort
+from .registry import OPS
 
 
 class Batch(NamedTuple):
@@ -62,7 +63,6 @@ def trace(targets, known, strict=True):
     Raises RowsRefused at the first node that would mix rows, or that has
     no rule where an input carries the batch; not ``strict``, such a node's
     value and those computed from it are UNKNOWN instead, and unchecked."""
-    from . import OPS
     axes = dict(known)
     for node in toposort(targets):
         if node.id in axes:

@@ -104,7 +104,8 @@ def main(argv):
 
 
 def export_command(argv):
-    """``python -m numbackend export MODEL.h5 DEST [--target T] [--serial]``: the
+    """``python -m numbackend export MODEL.h5 DEST [--target T] [--serial]
+    [--overwrite] [--no-verify]``: the
     Keras 2.2.5 model saved by ``model.save`` in MODEL.h5, exported into the
     folder DEST (see numbackend.export)."""
     import argparse
@@ -119,6 +120,10 @@ def export_command(argv):
                         help="CPU target: x86-64-v2, x86-64-v3 (default), x86-64-v4 (avx512) "
                         "or host")
     parser.add_argument("--serial", action="store_true", help="a library without threads")
+    parser.add_argument("--overwrite", action="store_true", help="replace DEST where it exists")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip the check of DEST's predictions against the model's on a "
+                        "random batch")
     args = parser.parse_args(argv)
     if os.environ.setdefault("KERAS_BACKEND", "numbackend") != "numbackend":
         print(f"export: KERAS_BACKEND is {os.environ['KERAS_BACKEND']!r}; the model loads on "
@@ -129,7 +134,8 @@ def export_command(argv):
     from . import exporting
     model = keras.models.load_model(args.model, compile=False)
     exporting.export(model, args.dest, target=args.target or exporting.DEFAULT_TARGET,
-                     threads=not args.serial)
+                     threads=not args.serial, overwrite=args.overwrite,
+                     verify=not args.no_verify)
     print(f"exported {args.model} into {args.dest}")
     return 0
 

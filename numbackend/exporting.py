@@ -19,7 +19,10 @@ same library through ``model.h``.  It holds
 - ``manifest.json``: the inputs' and outputs' shapes and types, the CPU target
   and the features it needs (checked at load), the numbackend version, threads.
 
-A C compiler (``cc``, or ``$CC``) is needed at export time only.
+The folder is built beside DEST under another name, checked (its predictions
+of a random batch against the function's, in a process of its own) and only
+then renamed into place.  A C compiler (``cc``, or ``$CC``) is needed at
+export time only.
 """
 import hashlib
 import json
@@ -33,7 +36,8 @@ import types
 import numpy as np
 
 from . import codegen, compiled_plan, core, runtime
-from .graph import format_shape
+from .graph import format_shape, toposort
+from .ops import batch
 from .plan import BODIES
 
 FORMAT = 1
@@ -87,7 +91,8 @@ class ExportError(ValueError):
     """A model or function that cannot be exported, or an export that failed."""
 
 
-def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
+def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, overwrite=False,
+           verify=True):
     """Write the inference plan of ``model_or_function`` (a Keras model, or a
     ``K.function`` of numbackend) into the folder ``dest``, an importable
     package: with NumPy alone, ``import dest; dest.predict(x)`` gives what the
@@ -99,19 +104,38 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
     default), ``"x86-64-v2"``, ``"x86-64-v4"`` (or ``"avx512"``), or
     ``"host"`` (this machine's CPU and features); recorded in manifest.json
     and checked when the folder loads.  ``threads``: False builds a serial
-    library (no pthreads).
+    library (no pthreads).  ``overwrite``: replace an existing ``dest``
+    (else refused).  ``verify``: predict a random batch of VERIFY_ROWS rows
+    (more than one chunk) with the folder, in a process of its own, and
+    refuse it where it differs from the function's own prediction by more
+    than VERIFY_TOLERANCE of the output's scale.
 
-    Raises ExportError naming the step (op, name, shape) that has no compiled
-    form, and where no C compiler is found.  Returns ``dest``."""
+    The folder is written beside ``dest`` under another name and renamed into
+    place once verified: an export that fails leaves no folder and an
+    existing ``dest`` as it was.
+
+    Raises ExportError naming the step (op, name, shape; for a Keras model,
+    the layer) that has no compiled form, or that would mix the rows of a
+    batch (the library runs a batch in chunks of rows, each on its own: see
+    ops/batch.py), where no C compiler is found, and where the folder's
+    predictions differ from the function's.  Returns ``dest``."""
+    dest = os.fspath(dest)
+    if os.path.lexists(dest) and not overwrite:
+        raise ExportError(f"export: {dest!r} exists; pass overwrite=True (--overwrite) to "
+                          "replace it")
     function = _function_of(model_or_function)
     cpu, features, flags = _target(target)
     program, fed, defaults = function.inference_program()
     inputs = _arrays_of(fed, "input")
-    outputs = _arrays_of(program.targets, "output")
+    # steps that mix rows first, then those with no compiled form, then those
+    # not known to keep rows apart
+    _check_rows_apart(program, fed, model_or_function, strict=False)
     rendered = compiled_plan.render_export(program, BODIES)
     if rendered.refused is not None:
         raise ExportError(f"export: this step has no compiled form, so the model cannot be "
                           f"exported: {rendered.refused}")
+    _check_rows_apart(program, fed, model_or_function)
+    outputs = _arrays_of(program.targets, "output")
     codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
     held, scalars = compiled_plan.held_arrays(program, rendered)
     for i, value in enumerate(defaults):  # placeholders not fed: constants of the export
@@ -125,32 +149,170 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True):
     library, name = _compile(source)
     code = _object_code(library, name, cpu, features)
     key = int.from_bytes(hashlib.sha256(code).digest()[:8], "little") & (2 ** 63 - 1)
-    os.makedirs(dest, exist_ok=True)
-    with tempfile.TemporaryDirectory() as work:
-        object_path = os.path.join(work, "plan.o")
+    parent, base = os.path.split(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    folder = tempfile.mkdtemp(prefix=f".{base}.", suffix=".part", dir=parent)
+    try:
+        os.chmod(folder, 0o777 & ~_umask())  # mkdtemp's folder is the owner's alone
+        object_path = os.path.join(folder, "plan.o")
         with open(object_path, "wb") as f:
             f.write(code)
-        library_path = os.path.join(work, "model.so")
-        _link(object_path, library_path, key, threads)
-        _replace(dest, "model.so", library_path)
-    _write_weights(os.path.join(dest, "weights.bin"), key, inputs, outputs, held)
-    for name_, source_name in (("__init__.py", "loader.py"), ("model.h", "model.h")):
-        _replace(dest, name_, os.path.join(_FILES, source_name))
-    manifest = {
-        "format": FORMAT,
-        "numbackend": _version(),
-        "inputs": inputs,
-        "outputs": outputs,
-        "target": {"name": target, "cpu": cpu, "features": features, "cpuinfo_flags": flags},
-        "threads": bool(threads),
-        "chunk_rows": CHUNK_ROWS,
-        "library": "model.so",
-        "weights": "weights.bin",
-        "plan_key": key,
-    }
-    with open(os.path.join(dest, "manifest.json"), "w") as f:
-        json.dump(manifest, f, indent=1)
+        _link(object_path, os.path.join(folder, "model.so"), key, threads)
+        os.remove(object_path)
+        _write_weights(os.path.join(folder, "weights.bin"), key, inputs, outputs, held)
+        for name_, source_name in (("__init__.py", "loader.py"), ("model.h", "model.h")):
+            shutil.copyfile(os.path.join(_FILES, source_name), os.path.join(folder, name_))
+        manifest = {
+            "format": FORMAT,
+            "numbackend": _version(),
+            "inputs": inputs,
+            "outputs": outputs,
+            "target": {"name": target, "cpu": cpu, "features": features, "cpuinfo_flags": flags},
+            "threads": bool(threads),
+            "chunk_rows": CHUNK_ROWS,
+            "library": "model.so",
+            "weights": "weights.bin",
+            "plan_key": key,
+        }
+        with open(os.path.join(folder, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1)
+        if verify:
+            _verify(folder, function, program, fed, inputs)
+        _move_into_place(folder, dest, overwrite)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return dest
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _move_into_place(folder, dest, overwrite):
+    """Rename ``folder`` to ``dest``; an existing ``dest`` (where ``overwrite``)
+    is renamed aside first and removed after (a process that loaded its
+    library keeps it)."""
+    old = None
+    if os.path.lexists(dest):
+        if not overwrite:
+            raise ExportError(f"export: {dest!r} appeared while exporting; pass overwrite=True "
+                              "to replace it")
+        old = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", suffix=".old",
+                               dir=os.path.dirname(folder))
+        old_dest = os.path.join(old, "dest")
+        os.rename(dest, old_dest)
+    try:
+        os.rename(folder, dest)
+    except OSError:
+        if old is not None:
+            os.rename(old_dest, dest)
+        raise
+    finally:
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+# Rows of the random batch an export predicts to check its folder: more than
+# one chunk, the last one partial.
+VERIFY_ROWS = CHUNK_ROWS + 8
+# The largest difference allowed between the folder's predictions and the
+# function's, relative to the largest magnitude of the output (the two sum
+# products in other orders): by the output's float type; other types exactly.
+VERIFY_TOLERANCE = {"float32": 1e-4, "float64": 1e-10}
+
+# Runs in a process of its own: loads the folder argv[1] as a package, predicts
+# the inputs saved in argv[2] and saves the outputs in argv[3].
+_VERIFY_SCRIPT = """
+import importlib.util, os, sys
+import numpy as np
+folder = sys.argv[1]
+spec = importlib.util.spec_from_file_location("numbackend_export_check",
+                                              os.path.join(folder, "__init__.py"),
+                                              submodule_search_locations=[folder])
+model = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(model)
+data = np.load(sys.argv[2])
+outputs = model.predict([data[f"x{i}"] for i in range(len(data.files))])
+outputs = outputs if isinstance(outputs, list) else [outputs]
+np.savez(sys.argv[3], *outputs)
+"""
+
+
+def _verify(folder, function, program, fed, inputs):
+    """ExportError where the export in ``folder`` predicts a random batch of
+    VERIFY_ROWS rows otherwise than ``function`` (see export's ``verify``)."""
+    arrays = _sample_inputs(program, fed, inputs, np.random.default_rng(0))
+    want = function.inference_run(arrays)
+    with tempfile.TemporaryDirectory() as work:
+        np.savez(os.path.join(work, "inputs.npz"), **{f"x{i}": a for i, a in enumerate(arrays)})
+        done = subprocess.run([sys.executable, "-c", _VERIFY_SCRIPT, folder,
+                               os.path.join(work, "inputs.npz"), os.path.join(work, "out.npz")],
+                              check=False, capture_output=True, text=True, cwd=work, timeout=600)
+        if done.returncode != 0:
+            raise ExportError(f"export: the exported folder failed to predict a random batch of "
+                              f"{VERIFY_ROWS} rows:\n{done.stderr[-2000:]}")
+        with np.load(os.path.join(work, "out.npz")) as saved:
+            got = [saved[f"arr_{j}"] for j in range(len(saved.files))]
+    for j, (g, w) in enumerate(zip(got, want)):
+        problem = _difference(g, np.asarray(w))
+        if problem is not None:
+            raise ExportError(f"export: on a random batch of {VERIFY_ROWS} rows, output {j} of "
+                              f"the exported library differs from the function's: {problem}; "
+                              "the export is refused")
+
+
+def _difference(got, want):
+    """Why ``got`` (the folder's output) is not ``want`` (the function's), or None."""
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return f"{got.shape} {got.dtype} against {want.shape} {want.dtype}"
+    tolerance = VERIFY_TOLERANCE.get(want.dtype.name)
+    if tolerance is None:
+        wrong = got != want
+        return f"{int(wrong.sum())} entries differ" if wrong.any() else None
+    finite = np.isfinite(want)
+    if not np.array_equal(np.isnan(got), np.isnan(want)) or not np.array_equal(
+            got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)]):
+        return "NaN or infinite entries differ"
+    if not finite.any():
+        return None
+    scale = float(np.abs(want[finite]).max())
+    error = float(np.abs(got[finite].astype(np.float64) - want[finite]).max())
+    if error > tolerance * scale:
+        return (f"the largest difference is {error:.3g}, over {tolerance:g} of the output's "
+                f"largest magnitude {scale:.3g}")
+    return None
+
+
+def _sample_inputs(program, fed, inputs, rng):
+    """A random batch of VERIFY_ROWS rows for the inputs: ids within the table
+    for an input that selects rows of one (an Embedding's, through a cast or
+    not), else floats from a normal distribution, integers 0 or 1, booleans."""
+    id_bound = {}  # {placeholder id: the fewest rows of the tables it selects from}
+    for node in toposort(program.targets):
+        if node.op == "gather":
+            ids = node.inputs[1]
+            while ids.op == "cast":
+                ids = ids.inputs[0]
+            rows = node.inputs[0].shape[0]
+            if rows is not None:
+                id_bound[ids.id] = min(id_bound.get(ids.id, rows), rows)
+    arrays = []
+    for t, entry in zip(fed, inputs):
+        shape = (VERIFY_ROWS, *entry["shape"][1:])
+        dtype = np.dtype(entry["dtype"])
+        if t.id in id_bound:
+            array = rng.integers(0, id_bound[t.id], shape)
+        elif dtype.kind == "f":
+            array = rng.standard_normal(shape)
+        elif dtype.kind == "b":
+            array = rng.random(shape) < 0.5
+        else:
+            array = rng.integers(0, 2, shape)
+        arrays.append(np.ascontiguousarray(array, dtype))
+    return arrays
 
 
 def _function_of(model_or_function):
@@ -164,6 +326,43 @@ def _function_of(model_or_function):
         return core.function(inputs, outputs)
     raise TypeError("export: export a Keras model or a K.function, got "
                     f"{type(model_or_function).__name__}")
+
+
+def _check_rows_apart(program, fed, model, strict=True):
+    """ExportError unless each row of every output depends on the same row of
+    the inputs alone: the library runs each chunk of CHUNK_ROWS rows of a batch
+    on its own (ops/batch.py: each input's axis 0 is the batch, each op's rule
+    says where its result's batch axis lies, an op with no rule is refused).
+    The error names the op, its tensor and, for a Keras model, the layer.
+    Not ``strict``: only the steps known to mix rows, and not the outputs."""
+    fed_ids = {t.id for t in fed}
+    known = {p.id: batch.Batch(0) if p.id in fed_ids else None for p in program.placeholders}
+    try:
+        batches = batch.trace(program.targets, known, strict)
+    except batch.RowsRefused as exc:
+        raise ExportError(f"export: {_in_layer(model, exc.node)}{exc}: an export runs each chunk "
+                          f"of {CHUNK_ROWS} rows of a batch on its own, so each row of its "
+                          "outputs must depend on the same row of its inputs alone") from None
+    if not strict:
+        return
+    for i, t in enumerate(program.targets):
+        if batches[t.id] != batch.Batch(0):
+            where = "no axis" if batches[t.id] is None else batches[t.id]
+            raise ExportError(f"export: output {i} ({batch.describe(t)}"
+                              f"{_in_layer(model, t, ', ')}) carries the batch on {where}: an "
+                              "export needs outputs whose axis 0 is the batch, one entry per row")
+
+
+def _in_layer(model, node, prefix=""):
+    """'layer NAME: ' where ``node`` (by its name) is computed by the Keras layer
+    NAME of ``model``, else ''."""
+    for layer in getattr(model, "layers", None) or []:
+        for inbound in getattr(layer, "_inbound_nodes", []):
+            inputs = {t.name for t in toposort(list(inbound.input_tensors))}
+            if any(t.name == node.name and t.name not in inputs
+                   for t in toposort(list(inbound.output_tensors))):
+                return f"{prefix}layer {layer.name!r}" + ("" if prefix else ": ")
+    return ""
 
 
 def _arrays_of(tensors, kind):
@@ -351,14 +550,6 @@ def _write_weights(path, key, inputs, outputs, held):
             f.write(array.tobytes())
         f.write(b"\0" * (offset - f.tell()))
     os.replace(path + ".new", path)
-
-
-def _replace(dest, name, source_path):
-    """Copy ``source_path`` to ``dest/name`` through a new file: a process that
-    loaded the old library keeps it."""
-    target = os.path.join(dest, name)
-    shutil.copyfile(source_path, target + ".new")
-    os.replace(target + ".new", target)
 
 
 def _version():

@@ -137,15 +137,20 @@ class Reduce(Lowering):
     def compiled_lines(self, node, ins, out, render):
         (x,) = node.inputs
         axes = sorted(int(a) for a in node.attrs["axis"])
-        if (not render.export or node.op not in self.ROW or 0 in axes or node.ndim == 0
+        # (an export refuses a reduction over the batch before it gets here: ops/batch.py)
+        if (not render.export or node.op not in self.ROW or node.ndim == 0
                 or x.dtype != node.dtype or node.dtype not in ("float32", "float64")
-                or None in x.shape[1:]):
-            return None  # (axis 0, the batch, is cut into chunks in an export)
+                or any(x.shape[a] is None for a in axes)):
+            return None
         kept = [a for a in range(x.ndim) if a not in axes]
         count = int(np.prod([x.shape[a] for a in axes]))
         moved, rows, flat, k = f"{out}_moved", f"{out}_rows", f"{out}_flat", f"{out}_k"
         lines = _transpose_lines(ins[0], kept + axes, moved)
-        shape = "".join(f"{ins[0]}.shape[0], " if d is None else f"{int(d)}, " for d in node.shape)
+        # the result's shape: the kept axes' sizes (an unknown one read from x), 1
+        # for a reduced axis where keepdims
+        dims = [1 if a in axes else (f"{ins[0]}.shape[{a}]" if x.shape[a] is None else int(x.shape[a]))
+                for a in range(x.ndim) if a in kept or node.attrs["keepdims"]]
+        shape = "".join(f"{d}, " for d in dims)
         reduced = self.ROW[node.op].format(row=f"{rows}[{k}]", n=count)
         return lines + [f"{rows} = {moved}.reshape((-1, {count}))",
                         f"{flat} = np.empty({rows}.shape[0], dtype=np.{node.dtype})",

@@ -292,6 +292,14 @@ class Function:
         inputs = [x for i, x in enumerate(self.inputs) if i != self._per_value]
         return self._runner_for(0).plan.program, inputs, list(self._defaults)
 
+    def inference_run(self, arrays):
+        """The values of :meth:`inference_program`'s targets for ``arrays`` (one
+        per input it gives, of its dtype, C-contiguous), its defaults added:
+        what an export's library must predict.  Updates are not written."""
+        arrays = list(arrays) + list(self._defaults)
+        runner = self._current() if self._per_value is None else self._runner_for(0)
+        return list(runner.run(arrays))
+
     def explain(self):
         """The compiled plan, one line per step (where a placeholder has a plan per
         value, the plan of the value last fed: before any call, of its default)."""

@@ -28,7 +28,8 @@ if platform.system() != "Linux" or platform.machine() != "x86_64":
                 allow_module_level=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BATCHES = (1, 3, 64)
+# 33 and 64 rows: a partial chunk after a whole one, and two whole chunks (CHUNK_ROWS)
+BATCHES = (1, 3, 33, 64)
 rng = np.random.default_rng(31)
 
 # Runs in the subprocess: imports the export, predicts every saved input at each
@@ -215,6 +216,50 @@ def test_predict_checks_its_inputs(mlp, tmp_path):
     assert lines[3] == "(0, 4)"
 
 
+def test_an_existing_folder_is_replaced_only_when_asked(mlp, tmp_path):
+    folder, f, _ = mlp
+    before = (folder / "weights.bin").read_bytes()
+    with pytest.raises(ExportError, match="exists; pass overwrite=True"):
+        K.export(f, str(folder))
+    assert (folder / "weights.bin").read_bytes() == before
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept)
+    (kept / "stale.txt").write_text("from an earlier export")
+    K.export(f, str(kept), overwrite=True)
+    assert sorted(os.listdir(kept)) == sorted(os.listdir(folder))  # replaced whole
+    assert os.listdir(tmp_path) == ["kept"]
+
+
+def test_an_export_that_predicts_otherwise_is_refused(mlp, tmp_path, monkeypatch):
+    """The folder's predictions of a random batch are checked against the
+    function's before it takes DEST's place: here its weights are doubled on
+    their way to weights.bin.  A failed export leaves DEST as it was and
+    nothing beside it."""
+    from numbackend import compiled_plan, exporting
+    folder, f, _ = mlp
+    kept = tmp_path / "kept"
+    shutil.copytree(folder, kept)
+    write_weights = exporting._write_weights
+
+    def doubled(path, key, inputs, outputs, held):
+        held = [compiled_plan.Held(h.name, h.shape, h.dtype, constant=h.array() * 2)
+                if h.dtype.kind == "f" else h for h in held]
+        write_weights(path, key, inputs, outputs, held)
+
+    monkeypatch.setattr(exporting, "_write_weights", doubled)
+    with pytest.raises(ExportError, match=r"on a random batch of 40 rows, output 0 of the "
+                                          r"exported library differs from the function's"):
+        K.export(f, str(kept), overwrite=True)
+    with pytest.raises(ExportError, match="differs from the function's"):
+        K.export(f, str(tmp_path / "new"))
+    for name in os.listdir(folder):
+        assert (kept / name).read_bytes() == (folder / name).read_bytes()
+    assert os.listdir(tmp_path) == ["kept"]
+    # verify=False writes what it built, unchecked
+    K.export(f, str(tmp_path / "unchecked"), verify=False)
+    assert (tmp_path / "unchecked" / "weights.bin").read_bytes() != (folder / "weights.bin").read_bytes()
+
+
 def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
     x = K.placeholder((None, 5))
     f = K.function([x], [K.cumsum(x * 2.0, axis=1)])
@@ -224,9 +269,93 @@ def test_an_op_without_compiled_form_is_named_at_export(tmp_path):
 
 def test_an_output_without_the_batch_axis_is_refused(tmp_path):
     x = K.placeholder((None, 3))
-    f = K.function([x], [K.sum(x, axis=0)])
-    with pytest.raises(ExportError, match=r"output 0 .* has shape \(3,\)"):
-        K.export(f, str(tmp_path / "sum_model"))
+    f = K.function([x], [K.transpose(x)])
+    with pytest.raises(ExportError, match=r"output 0 \(transpose 'transpose_\d+' \(3, None\) "
+                                          r"float32\) carries the batch on axis 1"):
+        K.export(f, str(tmp_path / "transpose_model"))
+
+
+def _mixing_steps():
+    """{name: (f(x) for x (None, 3), the op the export must name)}: steps that
+    mix the rows of a batch, each of which an export run in chunks of rows
+    would get wrong."""
+    return {
+        "centred": (lambda x: x - K.mean(x, axis=0), "mean"),
+        "times_gram": (lambda x: K.dot(x, K.dot(K.transpose(x), x)), "dot"),
+        "first_row": (lambda x: x * x[:1], "getitem"),
+        "softmax_across_rows": (lambda x: K.reshape(K.softmax(K.reshape(x, (3, -1))), (-1, 3)),
+                                "reshape"),
+        "rows_reversed": (lambda x: K.reverse(x, 0) + x, "reverse"),
+        "rows_joined": (lambda x: K.reshape(K.concatenate([x, x], axis=0), (-1, 6)), "concatenate"),
+        "rows_tiled": (lambda x: K.reshape(K.tile(x, (2, 1)), (-1, 6)), "tile"),
+        "sum_over_rows": (lambda x: K.sum(x, axis=0), "sum"),
+    }
+
+
+@pytest.mark.parametrize("name", list(_mixing_steps()))
+def test_a_step_that_mixes_rows_is_refused_by_name(name, tmp_path):
+    build, op = _mixing_steps()[name]
+    x = K.placeholder((None, 3))
+    f = K.function([x], [build(x)])
+    with pytest.raises(ExportError, match=rf"export: {op} '{op}_\d+' .*: an export runs each "
+                                          r"chunk of 32 rows of a batch on its own"):
+        K.export(f, str(tmp_path / name))
+    assert not (tmp_path / name).exists()
+
+
+def test_ctc_decoding_is_refused_with_its_reason(tmp_path):
+    """Keras's image_ocr decodes with K.ctc_decode(y_pred, input_length,
+    greedy=True): its labels are padded to the batch's longest decoding."""
+    y_pred = K.placeholder((None, 6, 4))
+    lengths = K.placeholder((None,), dtype="int32")
+    decoded = K.ctc_decode(y_pred, lengths, greedy=True)[0][0]
+    f = K.function([y_pred, lengths], [decoded])
+    with pytest.raises(ExportError, match=r"export: ctc_decode 'ctc_decode_\d+' .* pads each "
+                                          r"row's decoding to the longest of the whole batch"):
+        K.export(f, str(tmp_path / "ctc_model"))
+
+
+def test_steps_that_move_the_batch_axis_but_keep_rows_apart_export(tmp_path):
+    """The batch moved to axis 1 and reduced over axis 0 there; merged with the
+    axis after it (as TimeDistributed does) and split again: rows stay apart,
+    so it exports, and its predictions cross the chunks' boundary."""
+    x = K.placeholder((None, 4, 5))
+    across = K.sum(K.permute_dimensions(x, (1, 0, 2)), axis=0)
+    merged = K.reshape(K.tanh(K.reshape(x, (-1, 5))), (-1, 4, 5))
+    f = K.function([x], [across * K.max(merged, axis=1)])
+    folder = tmp_path / "moved_model"
+    K.export(f, str(folder))
+    images = rng.standard_normal((64, 4, 5)).astype(np.float32)
+    got = predict_in_subprocess(folder, images, tmp_path)
+    want = images.sum(axis=1) * np.tanh(images).max(axis=1)
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(got[b, 2], got[b, 1])
+
+
+KERAS_LAMBDA = textwrap.dedent('''
+    import keras.backend as K
+    from keras import layers
+    from keras.models import Sequential
+    import numbackend
+    model = Sequential([layers.Dense(4, input_shape=(3,)),
+                        layers.Lambda(lambda x: x - K.mean(x, axis=0), name="centre"),
+                        layers.Dense(2)])
+    try:
+        numbackend.export(model, "centre_model")
+    except numbackend.exporting.ExportError as exc:
+        print(exc)
+''')
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None,
+                    reason="Keras 2.2.5 comes with the test extra")
+def test_a_keras_layer_that_mixes_rows_is_named(tmp_path):
+    done = subprocess.run([sys.executable, "-c", KERAS_LAMBDA], check=True, capture_output=True,
+                          text=True, env=_keras_env(), cwd=tmp_path, timeout=300)
+    assert done.stdout.startswith("export: layer 'centre': mean 'mean_"), done.stdout
+    assert "reduces over the batch (axis 0)" in done.stdout
+    assert not (tmp_path / "centre_model").exists()
 
 
 def test_target_names_are_checked(tmp_path):

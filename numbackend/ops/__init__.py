@@ -11,7 +11,10 @@ by family: each module registers its ops in ``OPS`` when imported.
 - ctc, sparse, random, passthrough: CTC, sparse tensors' parts, random draws,
   and the ops that pass a value through;
 - scan: a step sub-graph run along axis 0 of its sequences (K.rnn's op);
-  its gradient differentiates the step (autodiff passes ``gradients`` in).
+  its gradient differentiates the step (autodiff passes ``gradients`` in);
+- batch: where the batch axis of a value lies, and the ``rows`` rules by
+  which ops declare that they keep the rows of a batch apart (an export
+  checks its program with them).
 
 Nothing here imports Numba or the jit_kernels kernels until an op runs.
 """

@@ -6,6 +6,7 @@ conv_transpose is conv_backward_input with an explicit output shape."""
 import numpy as np
 
 from ..graph import format_shape
+from . import batch
 from .registry import apply, library
 from .windows import (
     ShapeOnly,
@@ -139,7 +140,7 @@ def _conv_backward_kernel_grad(g, n):
     return [gx, apply("conv", x, g, **a)]
 
 
-library("conv", _conv_infer, _conv, grad=_conv_grad)
+library("conv", _conv_infer, _conv, grad=_conv_grad, rows=batch.first_axis_only)
 library("conv_backward_input", _conv_backward_input_infer, _conv_backward_input,
         grad=_conv_backward_input_grad)
 library("conv_backward_kernel", _conv_backward_kernel_infer, _conv_backward_kernel,

@@ -8,6 +8,7 @@ unpack."""
 import numpy as np
 
 from ..graph import format_shape
+from . import batch
 from .registry import apply, library, not_differentiable
 
 
@@ -99,7 +100,18 @@ def _ctc_decoded_path(packed, index):
     return labels[:, :used].astype(np.int64)
 
 
-library("ctc_decode", _ctc_decode_infer, _ctc_decode, grad=not_differentiable)
+def _ctc_decode_rows(node, axes):
+    """A decoder's rows are decoded apart, but its results are padded to the
+    longest decoding of the whole batch: no rule of ops/batch.py can keep that."""
+    raise batch.MixesRows(
+        "pads each row's decoding to the longest of the whole batch, a width that an export's "
+        "chunks of rows would each choose for themselves; decoding is not exported: export the "
+        "model up to its softmax and decode that with NumPy (greedy: each frame's most likely "
+        "class, repeats merged, blanks dropped)")
+
+
+library("ctc_decode", _ctc_decode_infer, _ctc_decode, grad=not_differentiable,
+        rows=_ctc_decode_rows)
 library("ctc_decoded_path", lambda inputs, attrs: ((inputs[0].shape[0], None), "int64"),
         _ctc_decoded_path, grad=not_differentiable)
 library("ctc_decoded_log_prob",

@@ -3,6 +3,7 @@ code generator, autodiff and the NumPy evaluator need to fuse, differentiate
 and run it."""
 import numpy as np
 
+from . import batch
 from .registry import Op, apply, broadcast_shapes, float_dtype, promote_dtype, register
 
 
@@ -45,7 +46,7 @@ def elementwise(name, arity, template, impl, out="promote", grad=None, rising=()
         return float_dtype(promoted) if out == "float" else promoted
 
     return register(Op(name, "elementwise", infer, impl, template=template, grad=grad,
-                       compute_dtype=compute_dtype, rising=rising))
+                       compute_dtype=compute_dtype, rising=rising, rows=batch.elementwise))
 
 
 def _np_sigmoid(x):

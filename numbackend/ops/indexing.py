@@ -3,6 +3,7 @@ and the scatters of their gradients."""
 import numpy as np
 
 from ..graph import Tensor, format_shape
+from . import batch
 from .registry import apply, contiguous, library
 
 
@@ -45,7 +46,7 @@ def _scatter_like(g, like, key):
 
 
 library("getitem", _getitem_infer, lambda x, key: contiguous(x[key]),
-        grad=_getitem_grad)
+        grad=_getitem_grad, rows=batch.getitem)
 library("scatter_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_like,
         grad=lambda g, n: [apply("getitem", g, key=n.attrs["key"]), None])
 
@@ -114,5 +115,6 @@ def _scatter_add(g, ref, idx):
 
 
 library("gather", _gather_infer, _gather,
-        grad=lambda g, n: [apply("scatter_add", g, n.inputs[0], n.inputs[1]), None])
+        grad=lambda g, n: [apply("scatter_add", g, n.inputs[0], n.inputs[1]), None],
+        rows=batch.gather)
 library("scatter_add", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _scatter_add)

@@ -4,6 +4,7 @@ import itertools
 import numpy as np
 
 from ..graph import Constant, Tensor, format_shape, substitute, toposort
+from . import batch
 from .indexing import last_axis_window
 from .registry import OPS, apply, broadcast_shapes, library, promote_dtype
 
@@ -81,7 +82,7 @@ def _dot_grad(g, n):
                               "gradient rule; math.dot rewrites it on 2-D products")
 
 
-library("dot", _dot_infer, _dot, grad=_dot_grad)
+library("dot", _dot_infer, _dot, grad=_dot_grad, rows=batch.dot)
 
 
 def is_float_matrix_product(node):

@@ -2,12 +2,14 @@
 a multi-output node), print_tensor, identity, stop_gradient, update."""
 import numpy as np
 
+from . import batch
 from .registry import library, not_differentiable
 
 # One output of a multi-output node (whose value is a tuple); autodiff gathers
 # the gradients of a node's items into a dict {index: gradient} for its rule.
 library("tuple_item", lambda inputs, attrs: (attrs["shape"], attrs["dtype"]),
-        lambda packed, index, shape, dtype: packed[index], grad=lambda g, n: [g])
+        lambda packed, index, shape, dtype: packed[index], grad=lambda g, n: [g],
+        rows=batch.tuple_item)
 
 
 def _print_impl(x, message):
@@ -16,11 +18,11 @@ def _print_impl(x, message):
 
 
 library("print_tensor", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype), _print_impl,
-        grad=lambda g, n: [g])
+        grad=lambda g, n: [g], rows=batch.same)
 library("identity", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
-        lambda x: np.array(x), grad=lambda g, n: [g])
+        lambda x: np.array(x), grad=lambda g, n: [g], rows=batch.same)
 library("stop_gradient", lambda inputs, attrs: (inputs[0].shape, inputs[0].dtype),
-        lambda x: x, grad=lambda g, n: [None])
+        lambda x: x, grad=lambda g, n: [None], rows=batch.same)
 
 
 

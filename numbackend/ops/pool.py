@@ -2,6 +2,7 @@
 kernels (imported when first run, so that importing numbackend does not import
 Numba)."""
 from ..graph import format_shape
+from . import batch
 from .registry import apply, contiguous, library
 from .windows import conv_dtype, spatial_tuple, sweep_shape, window_attrs
 
@@ -56,7 +57,8 @@ def _pool_backward_grad(g, n):
 
 
 library("pool", _pool_infer, _pool,
-        grad=lambda g, n: [apply("pool_backward", g, n.inputs[0], **n.attrs)])
+        grad=lambda g, n: [apply("pool_backward", g, n.inputs[0], **n.attrs)],
+        rows=batch.first_axis_only)
 library("pool_backward", _pool_backward_infer, _pool_backward, grad=_pool_backward_grad)
 
 

@@ -3,6 +3,7 @@ here) and the library ops along one axis: argmax/argmin, cumsum/cumprod, in_top_
 import numpy as np
 
 from ..graph import format_shape
+from . import batch
 from .registry import (
     Op,
     apply,
@@ -47,7 +48,8 @@ def reduction(name, impl, row, fold=None, out_dtype=None, compute_dtype=None, gr
         return np.asarray(impl(x, axis=axis, keepdims=keepdims))
     return register(Op(name, "reduce", _reduce_infer(name, out_dtype), run, grad=grad,
                        reduce_row=row, reduce_fold=fold,
-                       compute_dtype=lambda inputs, attrs: compute_dtype(inputs[0].dtype)))
+                       compute_dtype=lambda inputs, attrs: compute_dtype(inputs[0].dtype),
+                       rows=batch.reduction))
 
 
 def _sum_dtype(dtype):

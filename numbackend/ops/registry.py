@@ -18,7 +18,10 @@ An ``Op`` carries
 - ``compute_dtype(inputs, attrs)``: for an element-wise op or a reduction, the
   dtype its operands are cast to before it computes;
 - ``grad(g, node) -> [gradient per input]``: the reverse-mode rule, built
-  from graph ops (used by autodiff).
+  from graph ops (used by autodiff);
+- ``rows(node, axes) -> axis``: where the batch axis of its result lies,
+  given its inputs' (see ops/batch.py: an export refuses an op that has no
+  such rule, or whose rule says it mixes the rows of a batch).
 """
 import numbers
 
@@ -36,7 +39,7 @@ class Op:
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_row=None,
                  reduce_fold=None, compute_dtype=None, stateful=False, multi_output=False,
                  computed_by=None, grad_takes_wanted=False, grad_differentiates=False,
-                 rising=()):
+                 rising=(), rows=None):
         self.name = name
         self.kind = kind
         self.infer = infer
@@ -62,6 +65,7 @@ class Op:
         # non-decreasing, rounding included (the others held fixed): max pooling
         # commutes with such ops (see partition.rises_with)
         self.rising = rising
+        self.rows = rows  # the batch axis of its result (ops/batch.py); None: not known
 
     def __repr__(self):
         return f"Op({self.name!r}, {self.kind})"
@@ -230,10 +234,10 @@ def is_float(t):
 
 
 def library(name, infer, impl, grad=None, stateful=False, multi_output=False, computed_by=None,
-            grad_takes_wanted=False, grad_differentiates=False):
+            grad_takes_wanted=False, grad_differentiates=False, rows=None):
     """Define a library op (see Op for the traits); how it runs, and what it
     fuses with, is its lowering's (numbackend/lowering.py)."""
     return register(Op(name, "library", infer, impl, grad=grad, stateful=stateful,
                        multi_output=multi_output, computed_by=computed_by,
                        grad_takes_wanted=grad_takes_wanted,
-                       grad_differentiates=grad_differentiates))
+                       grad_differentiates=grad_differentiates, rows=rows))

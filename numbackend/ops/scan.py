@@ -23,6 +23,7 @@ recomputes each step's forward values from the stored state history.
 import numpy as np
 
 from ..graph import Constant, Placeholder, consumers_of, format_shape, substitute, toposort
+from . import batch
 from .linalg import is_float_matrix_product, merge_sibling_dots
 from .registry import OPS, apply, as_tensor, is_float, library
 
@@ -244,8 +245,42 @@ def _numpy_scan(*arrays, body, reverse, keep_history, length):
     return tuple(stacked) + tuple(states)
 
 
+def _scan_rows(node, axes):
+    """The batches of a scan's items (ops/batch.py): its sequences carry the
+    batch on axis 1 (axis 0 is time), its states and invariants on axis 0, or
+    not at all, one entry per row; its step must keep each state's batch
+    where it was and give outputs with the batch on axis 0 (the rows a
+    compiled loop allocates); the stacked items then carry it on axis 1."""
+    body = node.attrs["body"]
+    n_seq, n_state = len(body.seq_inputs), len(body.state_inputs)
+    seqs, states = axes[:n_seq], axes[n_seq:n_seq + n_state]
+    invariants = axes[n_seq + n_state:]
+    first = batch.Batch(0)
+    if (any(b not in (None, batch.Batch(1)) for b in seqs)
+            or any(b not in (None, first) for b in states + invariants)):
+        raise batch.MixesRows("needs the batch on axis 1 of its sequences and on axis 0 of its "
+                              "states and invariants, but they carry it on "
+                              + ", ".join("no axis" if b is None else str(b) for b in axes))
+    known = {p.id: None if b is None else first for p, b in zip(body.seq_inputs, seqs)}
+    known.update({p.id: b for p, b in zip(body.state_inputs + body.invariant_inputs,
+                                          states + invariants)})
+    traced = batch.trace(body.outputs + body.new_states, known)
+    outputs = [traced[t.id] for t in body.outputs]
+    new_states = [traced[t.id] for t in body.new_states]
+    for j, (before, after) in enumerate(zip(states, new_states)):
+        if before != after:
+            raise batch.MixesRows(f"has a step that turns state {j}, with the batch on "
+                                  f"{before or 'no axis'}, into one with it on {after or 'no axis'}")
+    if any(b not in (None, first) for b in outputs):
+        raise batch.MixesRows("has a step whose outputs carry the batch elsewhere than on axis 0")
+    stacked = [None if b is None else batch.Batch(1) for b in outputs + new_states]
+    if node.attrs["keep_history"]:
+        return tuple(stacked)
+    return tuple(stacked[:len(outputs)] + new_states)
+
+
 library("scan", _scan_infer, _numpy_scan, grad=_scan_grad, multi_output=True, grad_takes_wanted=True,
-        grad_differentiates=True)
+        grad_differentiates=True, rows=_scan_rows)
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import math
 import numpy as np
 
 from ..graph import Constant, format_shape
+from . import batch
 from .registry import (
     apply,
     contiguous,
@@ -29,7 +30,8 @@ def _transpose_infer(inputs, attrs):
 
 
 library("transpose", _transpose_infer, lambda x, axes: contiguous(np.transpose(x, axes)),
-        grad=lambda g, n: [apply("transpose", g, axes=tuple(np.argsort(n.attrs["axes"])))])
+        grad=lambda g, n: [apply("transpose", g, axes=tuple(np.argsort(n.attrs["axes"])))],
+        rows=batch.transpose)
 
 
 def _reshape_infer(inputs, attrs):
@@ -55,7 +57,7 @@ def _reshape_infer(inputs, attrs):
 
 
 library("reshape", _reshape_infer, lambda x, shape: x.reshape(shape),
-        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])], rows=batch.reshape)
 library("reshape_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
         lambda x, like: x.reshape(like.shape),
         grad=lambda g, n: [apply("reshape_like", g, n.inputs[0]), None])
@@ -76,7 +78,8 @@ def _expand_dims_infer(inputs, attrs):
 # x with axes of length 1 inserted at ``axes`` (positions in the result, sorted):
 # a view whatever x's run-time shape
 library("expand_dims", _expand_dims_infer, lambda x, axes: np.expand_dims(x, axes),
-        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])])
+        grad=lambda g, n: [apply("reshape_like", g, n.inputs[0])],
+        rows=batch.expand_dims)
 
 
 def sum_to_shape(g, shape):
@@ -142,7 +145,7 @@ def _concat_grad(g, n):
 
 
 library("concatenate", _concat_infer, lambda *xs, axis: np.concatenate(xs, axis=axis),
-        grad=_concat_grad)
+        grad=_concat_grad, rows=batch.concatenate)
 library("slice_axis_like", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype),
         lambda g, like, axis, start: contiguous(
             np.take(g, np.arange(start, start + like.shape[axis]), axis=axis)))
@@ -192,7 +195,7 @@ def _reverse_infer(inputs, attrs):
 
 
 library("reverse", _reverse_infer, lambda x, axes: contiguous(np.flip(x, axes)),
-        grad=lambda g, n: [apply("reverse", g, axes=n.attrs["axes"])])
+        grad=lambda g, n: [apply("reverse", g, axes=n.attrs["axes"])], rows=batch.reverse)
 
 
 def _tile_infer(inputs, attrs):
@@ -217,7 +220,7 @@ def _untile(g, x, reps):
     return g.reshape(shape).sum(axis=tuple(range(0, 2 * len(reps), 2)))
 
 
-library("tile", _tile_infer, lambda x, reps: np.tile(x, reps), grad=_tile_grad)
+library("tile", _tile_infer, lambda x, reps: np.tile(x, reps), grad=_tile_grad, rows=batch.tile)
 library("untile", lambda inputs, attrs: (inputs[1].shape, inputs[0].dtype), _untile)
 
 

@@ -267,6 +267,16 @@ _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x colum
         "panels split between BLAS's threads; smaller ones are read in place on the "
         "calling thread, where a call into BLAS costs more than the product.")
 
+# --- numbackend/exporting.py: the exported library -----------------------------
+
+_define("EXPORT_CHUNK_ROWS", 32, "rows of a batch",
+        "chosen, not measured as a curve: a chunk's plan runs serially on one thread, so a "
+        "chunk must hold enough rows for the products to run near speed (the packed "
+        "micro-kernel's block is 48 rows) while a batch of a few hundred rows still gives "
+        "every thread of a many-core machine a chunk",
+        "An export's library runs a batch in chunks of this many rows, each chunk's plan "
+        "on one thread; read when a model is exported and recorded in its library.")
+
 # --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
 
 _define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 2, "rows (axis 0 of the states) per thread",

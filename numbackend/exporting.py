@@ -35,7 +35,7 @@ import types
 
 import numpy as np
 
-from . import codegen, compiled_plan, core, runtime
+from . import codegen, compiled_plan, core, runtime, tuning
 from .graph import format_shape, toposort
 from .ops import batch
 from .plan import BODIES
@@ -43,8 +43,6 @@ from .plan import BODIES
 FORMAT = 1
 # the plan's symbol in the library (shim.c calls it)
 PLAN_SYMBOL = "numbackend_export_plan"
-# rows per chunk of a batch: each chunk runs the plan once, on one thread
-CHUNK_ROWS = 32
 _FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "export_files")
 # the symbols the plan may leave undefined: shim.c's, libc's and libm's
 _PROVIDED = {
@@ -105,7 +103,7 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
     ``"host"`` (this machine's CPU and features); recorded in manifest.json
     and checked when the folder loads.  ``threads``: False builds a serial
     library (no pthreads).  ``overwrite``: replace an existing ``dest``
-    (else refused).  ``verify``: predict a random batch of VERIFY_ROWS rows
+    (else refused).  ``verify``: predict a random batch of EXPORT_CHUNK_ROWS + 8 rows
     (more than one chunk) with the folder, in a process of its own, and
     refuse it where it differs from the function's own prediction by more
     than VERIFY_TOLERANCE of the output's scale.
@@ -169,7 +167,7 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
             "outputs": outputs,
             "target": {"name": target, "cpu": cpu, "features": features, "cpuinfo_flags": flags},
             "threads": bool(threads),
-            "chunk_rows": CHUNK_ROWS,
+            "chunk_rows": tuning.EXPORT_CHUNK_ROWS,
             "library": "model.so",
             "weights": "weights.bin",
             "plan_key": key,
@@ -215,9 +213,12 @@ def _move_into_place(folder, dest, overwrite):
             shutil.rmtree(old, ignore_errors=True)
 
 
-# Rows of the random batch an export predicts to check its folder: more than
-# one chunk, the last one partial.
-VERIFY_ROWS = CHUNK_ROWS + 8
+def _verify_rows():
+    """Rows of the random batch an export predicts to check its folder: more
+    than one chunk, the last one partial."""
+    return tuning.EXPORT_CHUNK_ROWS + 8
+
+
 # The largest difference allowed between the folder's predictions and the
 # function's, relative to the largest magnitude of the output (the two sum
 # products in other orders): by the output's float type; other types exactly.
@@ -243,7 +244,7 @@ np.savez(sys.argv[3], *outputs)
 
 def _verify(folder, function, program, fed, inputs):
     """ExportError where the export in ``folder`` predicts a random batch of
-    VERIFY_ROWS rows otherwise than ``function`` (see export's ``verify``)."""
+    EXPORT_CHUNK_ROWS + 8 rows otherwise than ``function`` (see export's ``verify``)."""
     arrays = _sample_inputs(program, fed, inputs, np.random.default_rng(0))
     want = function.inference_run(arrays)
     with tempfile.TemporaryDirectory() as work:
@@ -253,13 +254,13 @@ def _verify(folder, function, program, fed, inputs):
                               check=False, capture_output=True, text=True, cwd=work, timeout=600)
         if done.returncode != 0:
             raise ExportError(f"export: the exported folder failed to predict a random batch of "
-                              f"{VERIFY_ROWS} rows:\n{done.stderr[-2000:]}")
+                              f"{_verify_rows()} rows:\n{done.stderr[-2000:]}")
         with np.load(os.path.join(work, "out.npz")) as saved:
             got = [saved[f"arr_{j}"] for j in range(len(saved.files))]
     for j, (g, w) in enumerate(zip(got, want)):
         problem = _difference(g, np.asarray(w))
         if problem is not None:
-            raise ExportError(f"export: on a random batch of {VERIFY_ROWS} rows, output {j} of "
+            raise ExportError(f"export: on a random batch of {_verify_rows()} rows, output {j} of "
                               f"the exported library differs from the function's: {problem}; "
                               "the export is refused")
 
@@ -287,7 +288,7 @@ def _difference(got, want):
 
 
 def _sample_inputs(program, fed, inputs, rng):
-    """A random batch of VERIFY_ROWS rows for the inputs: ids within the table
+    """A random batch of EXPORT_CHUNK_ROWS + 8 rows for the inputs: ids within the table
     for an input that selects rows of one (an Embedding's, through a cast or
     not), else floats from a normal distribution, integers 0 or 1, booleans."""
     id_bound = {}  # {placeholder id: the fewest rows of the tables it selects from}
@@ -301,7 +302,7 @@ def _sample_inputs(program, fed, inputs, rng):
                 id_bound[ids.id] = min(id_bound.get(ids.id, rows), rows)
     arrays = []
     for t, entry in zip(fed, inputs):
-        shape = (VERIFY_ROWS, *entry["shape"][1:])
+        shape = (_verify_rows(), *entry["shape"][1:])
         dtype = np.dtype(entry["dtype"])
         if t.id in id_bound:
             array = rng.integers(0, id_bound[t.id], shape)
@@ -330,7 +331,7 @@ def _function_of(model_or_function):
 
 def _check_rows_apart(program, fed, model, strict=True):
     """ExportError unless each row of every output depends on the same row of
-    the inputs alone: the library runs each chunk of CHUNK_ROWS rows of a batch
+    the inputs alone: the library runs each chunk of EXPORT_CHUNK_ROWS rows of a batch
     on its own (ops/batch.py: each input's axis 0 is the batch, each op's rule
     says where its result's batch axis lies, an op with no rule is refused).
     The error names the op, its tensor and, for a Keras model, the layer.
@@ -341,7 +342,7 @@ def _check_rows_apart(program, fed, model, strict=True):
         batches = batch.trace(program.targets, known, strict)
     except batch.RowsRefused as exc:
         raise ExportError(f"export: {_in_layer(model, exc.node)}{exc}: an export runs each chunk "
-                          f"of {CHUNK_ROWS} rows of a batch on its own, so each row of its "
+                          f"of {tuning.EXPORT_CHUNK_ROWS} rows of a batch on its own, so each row of its "
                           "outputs must depend on the same row of its inputs alone") from None
     if not strict:
         return
@@ -532,7 +533,7 @@ def _write_weights(path, key, inputs, outputs, held):
     def row_bytes(entry):
         return int(np.prod(entry["shape"][1:], dtype=np.int64)) * np.dtype(entry["dtype"]).itemsize
 
-    header = [0, 1, key, len(inputs), len(outputs), len(held), CHUNK_ROWS]
+    header = [0, 1, key, len(inputs), len(outputs), len(held), tuning.EXPORT_CHUNK_ROWS]
     header += [row_bytes(e) for e in inputs] + [row_bytes(e) for e in outputs]
     offset = -(-8 * (len(header) + len(held)) // 64) * 64
     offsets, arrays = [], []

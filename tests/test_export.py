@@ -28,7 +28,7 @@ if platform.system() != "Linux" or platform.machine() != "x86_64":
                 allow_module_level=True)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# 33 and 64 rows: a partial chunk after a whole one, and two whole chunks (CHUNK_ROWS)
+# 33 and 64 rows: a partial chunk after a whole one, and two whole chunks (tuning.EXPORT_CHUNK_ROWS)
 BATCHES = (1, 3, 33, 64)
 rng = np.random.default_rng(31)
 

@@ -362,8 +362,7 @@ def runs(tmp_path_factory):
     # Scans run their steps from Python (SCAN_LOOP_AFTER: never): compiling the recurrent
     # models' loops took three quarters of this fixture's time, and nothing here compares a
     # loop's numbers with NumPy's.  Keras's recurrent layers in compiled loops are checked in
-    # tests/test_keras.py and tests/test_keras_sequences.py, K.rnn's loops and their
-    # gradients in tests/test_rnn.py.
+    # tests/test_keras.py, K.rnn's loops and their gradients in tests/test_rnn.py.
     env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(folder),
                NUMBACKEND_TUNE_SCAN_LOOP_AFTER=str(10**9))
     for phase in ("train", "load"):

@@ -35,19 +35,22 @@ SUITE = [
 
 # The subset CI runs on every change: the backend against Keras's NumPy reference, and files that
 # build, fit and save small models of every layer family, chosen to stay within a few minutes.
-FAST = [
-    "tests/keras/backend/backend_test.py",
-    "tests/keras/activations_test.py",
-    "tests/keras/constraints_test.py",
-    "tests/keras/initializers_test.py",
-    "tests/keras/losses_test.py",
-    "tests/keras/metrics_test.py",
-    "tests/keras/regularizers_test.py",
-    "tests/keras/layers/core_test.py",
-    "tests/keras/layers/merge_test.py",
-    "tests/keras/test_sequential_model.py",
-    "tests/test_model_saving.py",
+# In two parts of about equal time (the functions and losses; the models), which
+# tests/test_keras_suite.py runs as two tests so that pytest-xdist's workers can share them.
+FAST_PARTS = [
+    ["tests/keras/backend/backend_test.py",
+     "tests/keras/losses_test.py",
+     "tests/keras/activations_test.py",
+     "tests/keras/constraints_test.py"],
+    ["tests/keras/initializers_test.py",
+     "tests/keras/metrics_test.py",
+     "tests/keras/regularizers_test.py",
+     "tests/keras/layers/core_test.py",
+     "tests/keras/layers/merge_test.py",
+     "tests/keras/test_sequential_model.py",
+     "tests/test_model_saving.py"],
 ]
+FAST = [path for part in FAST_PARTS for path in part]
 
 # Whole folders that cannot run here.
 EXCLUDED = {

@@ -39,8 +39,10 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def run_keras(script, tmp_path):
-    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(tmp_path))
+def run_keras(script, tmp_path, **environment):
+    """Run ``script`` in a new process with Keras on numbackend; ``environment``: variables
+    set for it too."""
+    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(tmp_path), **environment)
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                             check=False,
                             timeout=600)

@@ -359,9 +359,14 @@ def runs(tmp_path_factory):
     folder = tmp_path_factory.mktemp("keras_models")
     script = folder / "models.py"
     script.write_text(MODELS_SCRIPT)
-    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(folder))
+    # Scans run their steps from Python (SCAN_LOOP_AFTER: never): compiling the recurrent
+    # models' loops took three quarters of this fixture's time, and nothing here compares a
+    # loop's numbers with NumPy's.  Keras's recurrent layers in compiled loops are checked in
+    # tests/test_keras.py, K.rnn's loops and their gradients in tests/test_rnn.py.
+    env = dict(os.environ, KERAS_BACKEND="numbackend", KERAS_HOME=str(folder),
+               NUMBACKEND_TUNE_SCAN_LOOP_AFTER=str(10**9))
     for phase in ("train", "load"):
-        # a cold kernel cache compiles every model's kernels here: minutes on 2 cores
+        # a cold kernel cache compiles every model's kernels here: a minute on 2 cores
         result = subprocess.run([sys.executable, str(script), phase, str(folder)], env=env,
                                 capture_output=True, text=True, check=False, timeout=1800)
         assert result.returncode == 0, result.stderr[-3000:]

@@ -10,9 +10,10 @@ below) and runs it
   ``whole_call`` says which: a property of the op, recorded here),
 - inside the step of a scan (the op ``K.rnn`` builds) over a few time steps,
   the op's first input there depending on the carried state (so that the op
-  runs in the loop, not hoisted out of it: checked); all the cases of a dtype
-  in one step, so that one loop compiles for them all, and the steps after the
-  first run in it where every op has a compiled form (checked),
+  runs in the loop, not hoisted out of it: checked); the cases of a dtype
+  in steps of SCAN_GROUP, so that one loop compiles for several, and the steps
+  after the first run in it where every op has a compiled form (checked; such
+  an op in one of the two dtypes, see _scan_groups),
 in float32 and float64 where the op takes floats.  The reference evaluates
 the same graph node by node with each op's NumPy form
 (``evaluator.evaluate``), in a Python loop over the steps for the scan.
@@ -472,12 +473,26 @@ def test_op_matches_numpy(case, dtype, mode):
 
 def _scan_groups():
     """The cases run inside a scan step, by dtype and by whether every op has
-    a compiled form (the loop compiles) or not (steps run from Python)."""
+    a compiled form (the loop compiles) or not (steps run from Python).
+
+    A case whose op has a compiled form runs in the compiled loop in one dtype,
+    float32 and float64 taking turns down CASES: the loop costs seconds of
+    compiling per op, and the op's kernel is checked in both dtypes as a plan
+    and as a whole call.  Steps from Python run in both dtypes."""
     groups = {}
+    turn = 0
     for case in CASES:
-        if case.scan is True:
-            for dtype in ("float32", "float64") if case.floats else (None,):
-                groups.setdefault((dtype, case.whole_call), []).append(case)
+        if case.scan is not True:
+            continue
+        if not case.floats:
+            dtypes = (None,)
+        elif case.whole_call:
+            dtypes = (("float32", "float64")[turn % 2],)
+            turn += 1
+        else:
+            dtypes = ("float32", "float64")
+        for dtype in dtypes:
+            groups.setdefault((dtype, case.whole_call), []).append(case)
     params = []
     for (dtype, compiled), cases in sorted(groups.items(), key=str):
         for first in range(0, len(cases), SCAN_GROUP):

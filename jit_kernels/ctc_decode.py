@@ -9,7 +9,7 @@ import numpy as np
 
 from .compiling import njit_cached
 from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax, padded_paths
-from .ctc_loss import loss_kernel_for_here
+from .ctc_loss import loss_rows
 
 # ---------------------------------------------------------------------------
 # Greedy (best path) decoding
@@ -530,9 +530,9 @@ def ctc_dictionary_decode(logits, input_lengths, dict_seq_lens, dict_values, bea
     # One kernel row per (sample, entry) pair; the loss kernel's signature
     # (loss in the logits' dtype) is reused.
     loss = np.empty(batch * n_words, dtype=logits.dtype)
-    loss_kernel_for_here()(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
-                           np.tile(word_labels, (batch, 1)), np.tile(word_lengths, batch),
-                           input_lengths, False, loss, np.empty((len(loss), 0, 0), dtype=logits.dtype))
+    loss_rows(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
+              np.tile(word_labels, (batch, 1)), np.tile(word_lengths, batch), input_lengths, False,
+              loss, np.empty((len(loss), 0, 0), dtype=logits.dtype))
     word_log_probs = -loss.reshape(batch, n_words)
     per_sample = []
     for b in range(batch):

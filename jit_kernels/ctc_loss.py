@@ -1,6 +1,6 @@
-"""CTC loss and its gradient (``tf.nn.ctc_loss``): a Numba kernel parallel over
-the batch, the lattice in float64 (see :mod:`jit_kernels.ctc` for the
-conventions).
+"""CTC loss and its gradient (``tf.nn.ctc_loss``): a Numba kernel run on parts
+of the batch at once, the lattice in float64 (see :mod:`jit_kernels.ctc` for
+the conventions).
 """
 import math
 
@@ -10,9 +10,9 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
-from .compiling import njit_cached_twins
+from . import blas, parts
+from .compiling import njit_cached
 from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax
-from .fork import parallel_ok
 
 # The lattice needs a few exp and log per state and frame.  Numba turns
 # math.exp / math.log into scalar libm calls that LLVM cannot vectorise (the
@@ -320,7 +320,7 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     return -log_prob
 
 
-@njit_cached_twins(error_model="numpy")
+@njit_cached(nogil=True, error_model="numpy")
 def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                      compute_grad, loss, grad):
     """loss[r] (and grad[r] when compute_grad) for each label row r.
@@ -328,14 +328,39 @@ def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
     Row r scores labels[r, :label_lengths[r]] against sample row_sample[r] of
     logits, so that one sample can be scored against many label sequences
     (the dictionary decoder does this; the loss uses row_sample = arange).
-    grad is (rows, time, classes), or (rows, 0, 0) when not computed.  The
-    per-row work is a separate serial function: compiling it inside the
-    parallel loop took Numba several times longer.
+    grad is (rows, time, classes), or (rows, 0, 0) when not computed.
+    Serial and without the GIL: :func:`loss_rows` runs it on parts of the
+    rows at once.
     """
-    for row in numba.prange(labels.shape[0]):
+    for row in range(labels.shape[0]):
         sample = row_sample[row]
         loss[row] = _ctc_row(logits[sample], labels[row, :label_lengths[row]],
                              input_lengths[sample], compute_grad, grad[row])
+
+
+def loss_rows(logits, row_sample, labels, label_lengths, input_lengths, compute_grad, loss,
+              grad):
+    """:func:`_ctc_loss_kernel`, its rows split between BLAS's threads
+    (:func:`parts.run_parts`) where there are two or more.  Not a prange loop:
+    Numba compiled the loss kernel several times longer with one (its
+    parallel loop's body is compiled, and every callee's code optimised,
+    once more), and BLAS's threads also avoid the wait for Numba's threads
+    that :func:`windows.launch_by_images` describes."""
+    rows = labels.shape[0]
+    count = min(blas.threads(), rows) if rows >= 2 else 1
+    if count < 2:
+        _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths, compute_grad,
+                         loss, grad)
+        return
+    per = -(-rows // count)
+    count = -(-rows // per)  # none empty
+
+    def part(i):
+        rows_of_part = slice(i * per, min(rows, (i + 1) * per))
+        _ctc_loss_kernel(logits, row_sample[rows_of_part], labels[rows_of_part],
+                         label_lengths[rows_of_part], input_lengths, compute_grad,
+                         loss[rows_of_part], grad[rows_of_part])
+    parts.run_parts(count, part)
 
 
 def _tf_labels(labels, label_lengths, input_lengths, n_classes, where):
@@ -433,8 +458,8 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
     loss = np.empty(batch, dtype=logits.dtype)
     grad_shape = logits.shape if compute_grad else (batch, 0, 0)  # (batch, 0, 0): unused
     grad = np.empty(grad_shape, dtype=logits.dtype)
-    loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, real_lengths,
-                                input_lengths, compute_grad, loss, grad)
+    loss_rows(logits, np.arange(batch, dtype=np.int64), labels, real_lengths, input_lengths,
+              compute_grad, loss, grad)
     _all_null_labels_as_tf1(logits, input_lengths, real_lengths == 0, loss, grad)
     return loss, (grad if compute_grad else None)
 
@@ -468,8 +493,3 @@ def _all_null_labels_as_tf1(logits, input_lengths, all_null, loss, grad):
             grad[b, :n_frames] = np.exp(log_probs)
             if log_p > NEG_INF:  # else, as TF, no valid path: the softmax alone
                 grad[b, :n_frames, blank] -= occupancy
-
-
-def loss_kernel_for_here():
-    """The parallel loss kernel, or its serial twin where Numba's threads cannot run."""
-    return _ctc_loss_kernel if parallel_ok() else _ctc_loss_kernel.serial

@@ -19,6 +19,12 @@ from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax
 # pip llvmlite has no SVML), which made them most of the loss's run time; these
 # two polynomial versions, exact to about 1 ulp on the ranges used here, let
 # the loops over states and classes run 4 doubles at a time.
+#
+# They are compiled once each, and LLVM inlines them into the loops that call
+# them; _log_add3 alone is inlined by Numba (inline="always"), as LLVM found it
+# too long to inline and its loop then stayed scalar.  Numba's inlining of
+# each at every call had typed and lowered them again each time: most of
+# those loops' compile time.
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -45,7 +51,7 @@ def _bits_float(typingctx, x):
     return types.float64(types.int64), codegen
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _exp(x):
     """exp(x) for x <= 1 (callers pass x <= 0, up to rounding).
 
@@ -78,7 +84,7 @@ def _exp(x):
     return x if math.isnan(x) else out
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _log_1_to_3(x):
     """log(x) for 1 <= x <= 3 (a sum of three exps, the largest 1); nan -> nan.
 
@@ -104,7 +110,7 @@ def _log_1_to_3(x):
     return 2.0 * z * p + (_LN2 if big else 0.0)
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _log_add2(a, b):
     """log(exp(a) + exp(b)), branch-free; exact for -inf terms, no overflow."""
     top = max(a, b)

@@ -690,14 +690,14 @@ def test_lattice_loops_vectorise():
     same, beside, beyond, emit = (rng.uniform(-20.0, 0.0, n) for _ in range(4))
     can_skip = rng.random(n) < 0.5
     out = np.empty(n)
-    ctc_loss._forward_blanks(same, beside, -0.5, out, n)
+    ctc_loss._blank_step(same, beside, -0.5, out, n)
     np.testing.assert_allclose(out, np.logaddexp(same, beside) - 0.5, rtol=1e-14)
-    ctc_loss._forward_labels(same, beside, beyond, can_skip, emit, out, n)
+    ctc_loss._label_step(same, beside, beyond, can_skip, emit, out, n)
     expected = np.logaddexp(np.logaddexp(same, beside), np.where(can_skip, beyond, -np.inf)) + emit
     np.testing.assert_allclose(out, expected, rtol=1e-14)
-    ctc_loss._occupancies(same, beside, 1.5, out, n)  # exp of values <= 0, as the loss passes
+    ctc_loss._shifted_exps(same, beside, 1.5, out, n)  # exp of values <= 0, as the loss passes
     np.testing.assert_allclose(out, np.exp(same + beside - 1.5), rtol=1e-14)
-    scalar = [loop.__name__ for loop in (ctc_loss._forward_blanks, ctc_loss._forward_labels,
-                                         ctc_loss._occupancies)
+    scalar = [loop.__name__ for loop in (ctc_loss._blank_step, ctc_loss._label_step,
+                                         ctc_loss._shifted_exps)
               if "vector.body" not in loop.inspect_llvm(loop.signatures[0])]
     assert not scalar, f"loops left scalar: {scalar}"

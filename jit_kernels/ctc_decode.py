@@ -9,7 +9,7 @@ import numpy as np
 
 from .compiling import njit_cached
 from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax, padded_paths
-from .ctc_loss import loss_kernel_for_here
+from .ctc_loss import loss_rows
 
 # ---------------------------------------------------------------------------
 # Greedy (best path) decoding
@@ -131,7 +131,11 @@ class _PrefixTree:
         return tree
 
 
-@numba.njit(inline="always")
+# The helpers below are compiled once each rather than inlined (inline="always"),
+# which typed and lowered them again at each call: the kernel compiled slower.
+
+
+@numba.njit
 def _log_add(a, b):
     """log(exp(a) + exp(b)), as TensorFlow's LogSumExp."""
     if a == NEG_INF:
@@ -141,7 +145,7 @@ def _log_add(a, b):
     return max(a, b) + math.log1p(math.exp(min(a, b) - max(a, b)))
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _heap_push(heap, size, node, prob):
     """Adds node to the min-heap heap[:size] keyed by prob[node, _TOTAL]; the new size."""
     i = size
@@ -155,7 +159,7 @@ def _heap_push(heap, size, node, prob):
     return size + 1
 
 
-@numba.njit(inline="always")
+@numba.njit
 def _heap_pop(heap, size, prob):
     """Removes the least probable node of heap[:size]; (that node, the new size)."""
     bottom = heap[0]
@@ -174,20 +178,48 @@ def _heap_pop(heap, size, prob):
     return bottom, size
 
 
-@numba.njit(inline="always")
+@numba.njit
+def _best_first(leaves, size, prob, out):
+    """out[:size] = leaves[:size] ordered by prob[:, _TOTAL], most probable first,
+    ties in their order in leaves: a stable argsort of -prob[leaves[:size], _TOTAL].
+
+    An insertion sort filling out from the back, each node moving right past
+    those that go before it: leaves is a min-heap, roughly least probable
+    first, so each new node mostly stays where it is put.  (np.argsort's merge
+    sort took seconds to compile.)"""
+    for i in range(size):
+        node = leaves[i]
+        total = prob[node, _TOTAL]
+        j = size - 1 - i
+        while j + 1 < size:
+            other = prob[out[j + 1], _TOTAL]
+            if total > other or (math.isnan(other) and not math.isnan(total)):
+                break  # node goes first (nan last, as np.argsort puts -nan)
+            out[j] = out[j + 1]
+            j += 1
+        out[j] = node
+
+
+@numba.njit
 def _is_candidate(log_prob, leaves, size, beam_width, prob):
     """TF's is_candidate: nonzero, and the beam has room or its least probable is less."""
     return log_prob > NEG_INF and (size < beam_width or log_prob > prob[leaves[0], _TOTAL])
 
 
 @njit_cached(error_model="numpy")
-def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
-    """TensorFlow's CTCBeamSearchDecoder::Step over every frame, default scorer.
+def _beam_search_kernel(log_probs, start, beam_width, nodes, n_nodes, grow, new, old, leaves,
+                        size):
+    """TensorFlow's CTCBeamSearchDecoder::Step over frames start.. of log_probs,
+    default scorer, while the tree has room for a frame's new nodes; returns
+    (the frame reached, the beam's size, the tree's node count).
 
     log_probs is one sample's (frames, classes) log-softmax; nodes the prefix
-    tree (see :class:`_PrefixTree`), extended when grow, else fixed (a
-    dictionary: extensions outside it are skipped).  Returns (the beam's
-    nodes best first, their log-probabilities, the tree, its node count).
+    tree (see :class:`_PrefixTree`) of n_nodes nodes, extended when grow, else
+    fixed (a dictionary: extensions outside it are skipped).  The search's
+    state, updated in place: new and old (a row per node: its log-
+    probabilities after this frame and after the last, see _TOTAL), and the
+    beam, leaves[:size] (a min-heap on new[:, _TOTAL]).  The tree grows in
+    Python (:func:`_beam_search`): Numba took seconds to compile growing it.
 
     Per frame, as TF: the beam's entries, best first, become the branches and
     each is updated in place (a blank, or a repeat of its last label; plus
@@ -204,21 +236,21 @@ def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
     """
     n_labels = log_probs.shape[1] - 1
     blank = n_labels
-    capacity = nodes.shape[0]
-    new = np.full((capacity, 3), NEG_INF)
-    old = np.full((capacity, 3), NEG_INF)
-    new[0, _TOTAL] = 0.0
-    new[0, _BLANK] = 0.0
-    leaves = np.empty(beam_width, dtype=np.int64)  # min-heap on new[:, _TOTAL]
-    leaves[0] = 0
-    size = 1
-    for t in range(log_probs.shape[0]):
+    branches = np.empty(beam_width, dtype=np.int64)
+    for t in range(start, log_probs.shape[0]):
+        if grow and n_nodes + size * n_labels > nodes.shape[0]:
+            return t, size, n_nodes
         lp = log_probs[t]
-        branches = leaves[:size][np.argsort(-new[leaves[:size], _TOTAL], kind="mergesort")]
-        for b in branches:
-            old[b] = new[b]
-        size = 0
-        for b in branches:
+        n_branches = size
+        _best_first(leaves, size, new, branches)
+        for i in range(n_branches):
+            for k in range(3):
+                old[branches[i], k] = new[branches[i], k]
+        # typed: Numba compiles a callee once more for each literal argument
+        # it is first typed with
+        size = np.int64(0)
+        for i in range(n_branches):
+            b = branches[i]
             if b != 0:
                 parent = nodes[b, _PARENT]
                 label = nodes[b, _LABEL_OF]
@@ -233,7 +265,8 @@ def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
             new[b, _TOTAL] = _log_add(new[b, _BLANK], new[b, _LABEL])
             size = _heap_push(leaves, size, b, new)
 
-        for b in branches:
+        for i in range(n_branches):
+            b = branches[i]
             if not _is_candidate(old[b, _TOTAL], leaves, size, beam_width, new):
                 continue
             child = nodes[b, _FIRST_CHILD]
@@ -253,17 +286,6 @@ def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
                     extension = lp[label] + old[b, _TOTAL]
                 if _is_candidate(extension, leaves, size, beam_width, new):
                     if c < 0:
-                        if n_nodes == capacity:
-                            capacity *= 2
-                            grown = np.full((capacity, 4), -1, dtype=np.int64)
-                            grown[:n_nodes] = nodes
-                            nodes = grown
-                            grown_new = np.full((capacity, 3), NEG_INF)
-                            grown_new[:n_nodes] = new
-                            new = grown_new
-                            grown_old = np.full((capacity, 3), NEG_INF)
-                            grown_old[:n_nodes] = old
-                            old = grown_old
                         c = n_nodes
                         n_nodes += 1
                         nodes[c, _PARENT] = b
@@ -276,25 +298,48 @@ def _beam_search_kernel(log_probs, beam_width, nodes, n_nodes, grow):
                         before = c
                     if size == beam_width:
                         bottom, size = _heap_pop(leaves, size, new)
-                        new[bottom] = NEG_INF
+                        for k in range(3):
+                            new[bottom, k] = NEG_INF
                     new[c, _BLANK] = NEG_INF
                     new[c, _LABEL] = extension
                     new[c, _TOTAL] = extension
                     size = _heap_push(leaves, size, c, new)
                 elif c >= 0:
-                    new[c] = NEG_INF
-                    old[c] = NEG_INF
-    beam = leaves[:size][np.argsort(-new[leaves[:size], _TOTAL], kind="mergesort")]
-    return beam, new[beam, _TOTAL], nodes, n_nodes
+                    for k in range(3):
+                        new[c, k] = NEG_INF
+                        old[c, k] = NEG_INF
+    return log_probs.shape[0], size, n_nodes
+
+
+def _grown(rows, capacity, fill):
+    """rows with more rows of fill, up to capacity."""
+    more = np.full((capacity - rows.shape[0], rows.shape[1]), fill, dtype=rows.dtype)
+    return np.concatenate([rows, more])
 
 
 def _beam_search(log_probs, beam_width, tree, grow):
     """Runs :func:`_beam_search_kernel` on ``tree`` (a :class:`_PrefixTree`, kept
-    up to date); returns (the beam's nodes, their log-probabilities), best first."""
-    beam, totals, tree.nodes, tree.n_nodes = _beam_search_kernel(
-        np.ascontiguousarray(log_probs, dtype=np.float64), beam_width, tree.nodes,
-        tree.n_nodes, grow)
-    return beam, totals
+    up to date, grown as the search needs); returns (the beam's nodes, their
+    log-probabilities), best first."""
+    log_probs = np.ascontiguousarray(log_probs, dtype=np.float64)
+    n_labels = log_probs.shape[1] - 1
+    new = np.full((tree.nodes.shape[0], 3), NEG_INF)
+    old = np.full_like(new, NEG_INF)
+    new[0, _TOTAL] = new[0, _BLANK] = 0.0  # the empty prefix, certain before frame 0
+    leaves = np.zeros(beam_width, dtype=np.int64)  # the beam: the empty prefix alone
+    frame, size = 0, 1
+    while True:
+        frame, size, tree.n_nodes = _beam_search_kernel(
+            log_probs, frame, beam_width, tree.nodes, tree.n_nodes, grow, new, old, leaves, size)
+        if frame == log_probs.shape[0]:
+            break
+        capacity = tree.nodes.shape[0]
+        while capacity < tree.n_nodes + size * n_labels:
+            capacity *= 2
+        tree.nodes = _grown(tree.nodes, capacity, -1)
+        new, old = _grown(new, capacity, NEG_INF), _grown(old, capacity, NEG_INF)
+    beam = leaves[:size][np.argsort(-new[leaves[:size], _TOTAL], kind="mergesort")]
+    return beam, new[beam, _TOTAL]
 
 
 def _merge_runs(sequence):
@@ -485,9 +530,9 @@ def ctc_dictionary_decode(logits, input_lengths, dict_seq_lens, dict_values, bea
     # One kernel row per (sample, entry) pair; the loss kernel's signature
     # (loss in the logits' dtype) is reused.
     loss = np.empty(batch * n_words, dtype=logits.dtype)
-    loss_kernel_for_here()(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
-                           np.tile(word_labels, (batch, 1)), np.tile(word_lengths, batch),
-                           input_lengths, False, loss, np.empty((len(loss), 0, 0), dtype=logits.dtype))
+    loss_rows(logits, np.repeat(np.arange(batch, dtype=np.int64), n_words),
+              np.tile(word_labels, (batch, 1)), np.tile(word_lengths, batch), input_lengths, False,
+              loss, np.empty((len(loss), 0, 0), dtype=logits.dtype))
     word_log_probs = -loss.reshape(batch, n_words)
     per_sample = []
     for b in range(batch):

@@ -1,6 +1,6 @@
-"""CTC loss and its gradient (``tf.nn.ctc_loss``): a Numba kernel parallel over
-the batch, the lattice in float64 (see :mod:`jit_kernels.ctc` for the
-conventions).
+"""CTC loss and its gradient (``tf.nn.ctc_loss``): a Numba kernel run on parts
+of the batch at once, the lattice in float64 (see :mod:`jit_kernels.ctc` for
+the conventions).
 """
 import math
 
@@ -10,15 +10,21 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
-from .compiling import njit_cached_twins
+from . import blas, parts
+from .compiling import njit_cached
 from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax
-from .fork import parallel_ok
 
 # The lattice needs a few exp and log per state and frame.  Numba turns
 # math.exp / math.log into scalar libm calls that LLVM cannot vectorise (the
 # pip llvmlite has no SVML), which made them most of the loss's run time; these
 # two polynomial versions, exact to about 1 ulp on the ranges used here, let
 # the loops over states and classes run 4 doubles at a time.
+#
+# They are compiled once each, and LLVM inlines them into the loops that call
+# them; _log_add3 alone is inlined by Numba (inline="always"), as LLVM found it
+# too long to inline and its loop then stayed scalar.  Numba's inlining of
+# each at every call had typed and lowered them again each time: most of
+# those loops' compile time.
 
 _LOG2E = 1.4426950408889634
 _LN2 = 0.6931471805599453
@@ -45,7 +51,7 @@ def _bits_float(typingctx, x):
     return types.float64(types.int64), codegen
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _exp(x):
     """exp(x) for x <= 1 (callers pass x <= 0, up to rounding).
 
@@ -78,7 +84,7 @@ def _exp(x):
     return x if math.isnan(x) else out
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _log_1_to_3(x):
     """log(x) for 1 <= x <= 3 (a sum of three exps, the largest 1); nan -> nan.
 
@@ -104,7 +110,7 @@ def _log_1_to_3(x):
     return 2.0 * z * p + (_LN2 if big else 0.0)
 
 
-@numba.njit(inline="always", fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(fastmath=_FASTMATH, error_model="numpy")
 def _log_add2(a, b):
     """log(exp(a) + exp(b)), branch-free; exact for -inf terms, no overflow."""
     top = max(a, b)
@@ -125,51 +131,40 @@ def _log_add3(a, b, c):
 # The lattice loops.  Blank and label states live in separate arrays so that
 # each loop does the same work for every state, and each loop takes 1-D views
 # that start at the first state of the band: indices from 0 let Numba drop its
-# negative-index handling, and LLVM then vectorises the loop.
+# negative-index handling, and LLVM then vectorises the loop.  The forward and
+# the backward pass share them (the backward one adds no emission), so that
+# they compile once.
 
 
 @numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _forward_blanks(prev_blank, prev_label_before, emit, out, n):
-    """Blank state i is entered from itself or from the label before it."""
+def _blank_step(same, label_beside, emit, out, n):
+    """out[k] = log(exp(same[k]) + exp(label_beside[k])) + emit.
+
+    Forward, blank state i is entered from itself or from the label before
+    it; backward (emit 0), it goes on to itself or to the label after it."""
     for k in range(n):
-        out[k] = _log_add2(prev_blank[k], prev_label_before[k]) + emit
+        out[k] = _log_add2(same[k], label_beside[k]) + emit
 
 
 @numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _forward_labels(prev_label, prev_blank_before, prev_label_before, can_skip, emit, out, n):
-    """Label state i is entered from itself, the blank before it, or the label
-    before that blank when the two labels differ."""
+def _label_step(same, blank_beside, label_beyond, can_skip, emit, out, n):
+    """out[k] = log(exp(same[k]) + exp(blank_beside[k]) + exp(label_beyond[k] if
+    can_skip[k])) + emit[k].
+
+    Forward, label state i is entered from itself, the blank before it, or the
+    label before that blank when the two labels differ; backward (emit 0), it
+    goes on to itself, the blank after it, or the label after that blank."""
     for k in range(n):
-        skip = prev_label_before[k] if can_skip[k] else NEG_INF
-        out[k] = _log_add3(prev_label[k], prev_blank_before[k], skip) + emit[k]
+        skip = label_beyond[k] if can_skip[k] else NEG_INF
+        out[k] = _log_add3(same[k], blank_beside[k], skip) + emit[k]
 
 
 @numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _backward_blanks(next_blank, next_label_after, out, n):
-    """Blank state i goes on to itself or to the label after it."""
+def _shifted_exps(a, b, shift, out, n):
+    """out[k] = exp(a[k] + b[k] - shift): the occupancies exp(alpha + beta -
+    log_prob), and the softmax's exps (b zero: one such loop to compile)."""
     for k in range(n):
-        out[k] = _log_add2(next_blank[k], next_label_after[k])
-
-
-@numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _backward_labels(next_label, next_blank_after, next_label_after, can_skip_after, out, n):
-    """Label state i goes on to itself, the blank after it, or the label after
-    that blank when the two labels differ."""
-    for k in range(n):
-        skip = next_label_after[k] if can_skip_after[k] else NEG_INF
-        out[k] = _log_add3(next_label[k], next_blank_after[k], skip)
-
-
-@numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _shifted_exps(values, shift, out):
-    for k in range(values.shape[0]):
-        out[k] = _exp(float(values[k]) - shift)
-
-
-@numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _occupancies(alpha, beta, log_prob, out, n):
-    for k in range(n):
-        out[k] = _exp(alpha[k] + beta[k] - log_prob)
+        out[k] = _exp(a[k] + b[k] - shift)
 
 
 @numba.njit(fastmath=_FASTMATH, error_model="numpy")
@@ -179,7 +174,142 @@ def _add_emission(beta, emit, emit_step, out, n):
         out[k] = beta[k] + emit[k * emit_step]
 
 
+# A row's loss (_ctc_row) in three stages, each a function of its own, so that
+# each compiles within the library's budget (tuning.LIBRARY_COMPILE_BUDGET_S);
+# as one function the row did not.  Their arrays are made with np.empty and
+# filled by loops: np.full, np.zeros and slice assignments each compiled a
+# function of their own.
+
+
 @numba.njit(error_model="numpy", fastmath=_FASTMATH)
+def _emissions(logits, label, compute_grad, grad, emit_blank, emit_label):
+    """Log-softmax of the blank and of each label at each frame t < n_frames
+    (emit_blank's length) into emit_blank and emit_label[:, :L]; the spare
+    last column of emit_label is -inf.  When compute_grad, grad[t] is set to
+    softmax(logits[t]) (:func:`_backward` subtracts the occupancies)."""
+    n_classes = logits.shape[1]
+    blank = n_classes - 1
+    n_labels = label.shape[0]
+    exps = np.empty(n_classes)
+    values = np.empty(n_classes)  # logits[t] in float64
+    zeros = np.empty(n_classes)
+    for c in range(n_classes):
+        zeros[c] = 0.0
+    for t in range(emit_blank.shape[0]):
+        top = NEG_INF
+        for c in range(n_classes):
+            values[c] = float(logits[t, c])
+            top = max(top, values[c])
+        _shifted_exps(values, zeros, top, exps, n_classes)
+        total = 0.0
+        for c in range(n_classes):
+            total += exps[c]
+        log_norm = top + math.log(total)
+        if compute_grad:
+            scale = 1.0 / total
+            for c in range(n_classes):
+                grad[t, c] = exps[c] * scale
+        emit_blank[t] = float(logits[t, blank]) - log_norm
+        for i in range(n_labels):
+            emit_label[t, i] = float(logits[t, label[i]]) - log_norm
+        emit_label[t, n_labels] = NEG_INF
+
+
+@numba.njit(error_model="numpy", fastmath=_FASTMATH)
+def _forward(emit_blank, emit_label, can_skip, alpha_blank, alpha_label):
+    """The forward lattice (see :func:`_ctc_row`): alpha_blank[t, i] holds
+    blank i and alpha_label[t, i + 1] label i (column 0 is a -inf "label
+    before the first blank"); returns log p(label)."""
+    n_frames = emit_blank.shape[0]
+    n_labels = emit_label.shape[1] - 1
+    n_states = 2 * n_labels + 1
+    for t in range(n_frames):
+        for i in range(n_labels + 1):
+            alpha_blank[t, i] = NEG_INF
+            alpha_label[t, i] = NEG_INF
+    alpha_blank[0, 0] = emit_blank[0]
+    if n_labels > 0:
+        alpha_label[0, 1] = emit_label[0, 0]
+    for t in range(1, n_frames):
+        lo = max(0, n_states - 2 * (n_frames - t))
+        hi = min(n_states - 1, 2 * t + 1)
+        first, last_blank = (lo + 1) // 2, hi // 2
+        prev_blank, prev_label = alpha_blank[t - 1], alpha_label[t - 1]
+        _blank_step(prev_blank[first:], prev_label[first:], emit_blank[t],
+                    alpha_blank[t, first:], last_blank + 1 - first)
+        first, last_label = lo // 2, (hi - 1) // 2
+        _label_step(prev_label[first + 1:], prev_blank[first:], prev_label[first:],
+                    can_skip[first:], emit_label[t, first:], alpha_label[t, first + 1:],
+                    last_label + 1 - first)
+    last = n_frames - 1
+    return np.logaddexp(alpha_blank[last, n_labels], alpha_label[last, n_labels])
+
+
+@numba.njit(error_model="numpy", fastmath=_FASTMATH)
+def _backward(label, emit_blank, emit_label, can_skip, alpha_blank, alpha_label, log_prob,
+              grad):
+    """The backward lattice (see :func:`_ctc_row`), subtracting each frame's
+    occupancies from grad[t] (the softmax, from :func:`_emissions`)."""
+    n_frames = emit_blank.shape[0]
+    n_labels = label.shape[0]
+    n_states = 2 * n_labels + 1
+    blank = grad.shape[1] - 1
+    # next_*[i] = beta_{t+1}(state i) + emission at t+1, -inf outside the
+    # band, with one spare -inf at the end.
+    next_blank = np.empty(n_labels + 2)
+    next_label = np.empty(n_labels + 1)
+    beta_blank = np.empty(n_labels + 1)
+    beta_label = np.empty(n_labels + 1)
+    occupancy_blank = np.empty(n_labels + 1)
+    occupancy_label = np.empty(n_labels + 1)
+    no_emission = np.empty(n_labels + 1)
+    for i in range(n_labels + 1):
+        next_blank[i] = next_label[i] = NEG_INF
+        no_emission[i] = 0.0
+    next_blank[n_labels + 1] = NEG_INF
+    last = n_frames - 1
+    for t in range(last, -1, -1):
+        lo = max(0, n_states - 2 * (n_frames - t))
+        hi = min(n_states - 1, 2 * t + 1)
+        first_blank, n_blank = (lo + 1) // 2, hi // 2 + 1 - (lo + 1) // 2
+        first_label, n_label = lo // 2, (hi - 1) // 2 + 1 - lo // 2
+        if t == last:
+            # The band is the two end states: the last blank and label.
+            beta_blank[n_labels] = 0.0
+            beta_label[max(n_labels - 1, 0)] = 0.0
+        else:
+            _blank_step(next_blank[first_blank:], next_label[first_blank:], 0.0,
+                        beta_blank[first_blank:], n_blank)
+            _label_step(next_label[first_label:], next_blank[first_label + 1:],
+                        next_label[first_label + 1:], can_skip[first_label + 1:],
+                        no_emission, beta_label[first_label:], n_label)
+
+        # Views from the band's first state, as for the lattice loops.
+        _shifted_exps(alpha_blank[t, first_blank:], beta_blank[first_blank:], log_prob,
+                      occupancy_blank, n_blank)
+        _shifted_exps(alpha_label[t, first_label + 1:], beta_label[first_label:], log_prob,
+                      occupancy_label, n_label)
+        # Several labels may share a class: a plain loop.
+        blank_total = 0.0
+        for k in range(n_blank):
+            blank_total += occupancy_blank[k]
+        grad[t, blank] -= blank_total
+        for k in range(n_label):
+            grad[t, label[first_label + k]] -= occupancy_label[k]
+
+        for i in range(n_labels + 1):
+            next_blank[i] = next_label[i] = NEG_INF
+        next_blank[n_labels + 1] = NEG_INF
+        # steps typed int64: a literal would compile _add_emission once for each
+        _add_emission(beta_blank[first_blank:], emit_blank[t:t + 1], np.int64(0),
+                      next_blank[first_blank:], n_blank)
+        _add_emission(beta_label[first_label:], emit_label[t, first_label:], np.int64(1),
+                      next_label[first_label:], n_label)
+
+
+# Inlined into the kernel: a function of its own would have the stages' code
+# optimised once more, in it and again in the kernel.
+@numba.njit(inline="always", error_model="numpy", fastmath=_FASTMATH)
 def _ctc_row(logits, label, n_frames, compute_grad, grad):
     """CTC loss of one label sequence on one sample's (time, classes) logits.
 
@@ -197,130 +327,47 @@ def _ctc_row(logits, label, n_frames, compute_grad, grad):
     occupancy of the state at t.  Only the band of states reachable from the
     start by frame t that can still reach the end in time is computed.
     """
-    n_classes = logits.shape[1]
-    blank = n_classes - 1
     n_labels = label.shape[0]
-    n_states = 2 * n_labels + 1
-
     # Two equal labels in a row need a blank frame between them.
     required_frames = n_labels
     for i in range(1, n_labels):
         if label[i] == label[i - 1]:
             required_frames += 1
+    # Frames at and after n_frames get no gradient (grad is (0, 0) when not
+    # computed).
+    for t in range(n_frames, grad.shape[0]):
+        for c in range(grad.shape[1]):
+            grad[t, c] = 0.0
     if n_frames == 0:
         # An empty label on an empty input has probability 1; any other
-        # label none.  Either way no frame gets a gradient.
-        grad[:, :] = 0.0
+        # label none.
         return np.inf if required_frames > 0 else 0.0
     # can_skip[i]: label i may directly follow label i - 1 (no blank
     # between) because they differ.  One spare False at the end.
-    can_skip = np.zeros(n_labels + 1, dtype=np.bool_)
-    for i in range(1, n_labels):
-        can_skip[i] = label[i] != label[i - 1]
+    can_skip = np.empty(n_labels + 1, dtype=np.bool_)
+    for i in range(n_labels + 1):
+        can_skip[i] = 0 < i < n_labels and label[i] != label[i - 1]
 
-    # Log-softmax of the blank and of each label at each frame (one spare
-    # -inf column).  When the gradient is wanted, grad[t] is set to
-    # softmax(logits[t]) here and the occupancies are subtracted below.
     emit_blank = np.empty(n_frames)
-    emit_label = np.full((n_frames, n_labels + 1), NEG_INF)
-    exps = np.empty(n_classes)
-    for t in range(n_frames):
-        top = NEG_INF
-        for c in range(n_classes):
-            top = max(top, float(logits[t, c]))
-        _shifted_exps(logits[t], top, exps)
-        total = 0.0
-        for c in range(n_classes):
-            total += exps[c]
-        log_norm = top + math.log(total)
-        if compute_grad:
-            scale = 1.0 / total
-            for c in range(n_classes):
-                grad[t, c] = exps[c] * scale
-        emit_blank[t] = float(logits[t, blank]) - log_norm
-        for i in range(n_labels):
-            emit_label[t, i] = float(logits[t, label[i]]) - log_norm
-    if compute_grad:
-        grad[n_frames:, :] = 0.0
+    emit_label = np.empty((n_frames, n_labels + 1))
+    _emissions(logits, label, compute_grad, grad, emit_blank, emit_label)
     if n_frames < required_frames:
         # No alignment exists: grad holds the softmax of the used frames.
         return np.inf
-
-    # Forward.  alpha_label[t, i + 1] holds label i: column 0 is a -inf
-    # "label before the first blank".
-    alpha_blank = np.full((n_frames, n_labels + 1), NEG_INF)
-    alpha_label = np.full((n_frames, n_labels + 1), NEG_INF)
-    alpha_blank[0, 0] = emit_blank[0]
-    if n_labels > 0:
-        alpha_label[0, 1] = emit_label[0, 0]
-    for t in range(1, n_frames):
-        lo = max(0, n_states - 2 * (n_frames - t))
-        hi = min(n_states - 1, 2 * t + 1)
-        first, last_blank = (lo + 1) // 2, hi // 2
-        prev_blank, prev_label = alpha_blank[t - 1], alpha_label[t - 1]
-        _forward_blanks(prev_blank[first:], prev_label[first:], emit_blank[t],
-                        alpha_blank[t, first:], last_blank + 1 - first)
-        first, last_label = lo // 2, (hi - 1) // 2
-        _forward_labels(prev_label[first + 1:], prev_blank[first:], prev_label[first:],
-                        can_skip[first:], emit_label[t, first:], alpha_label[t, first + 1:],
-                        last_label + 1 - first)
-    last = n_frames - 1
-    log_prob = np.logaddexp(alpha_blank[last, n_labels], alpha_label[last, n_labels])
+    alpha_blank = np.empty((n_frames, n_labels + 1))
+    alpha_label = np.empty((n_frames, n_labels + 1))
+    log_prob = _forward(emit_blank, emit_label, can_skip, alpha_blank, alpha_label)
     if log_prob == NEG_INF:
         # Every alignment has probability zero (logits of -inf): as an
         # impossible label, grad holds the softmax of the used frames.
         return np.inf
-    if not compute_grad:
-        return -log_prob
-
-    # Backward, subtracting each frame's occupancies from its softmax.
-    # next_*[i] = beta_{t+1}(state i) + emission at t+1, -inf outside the
-    # band, with one spare -inf at the end.
-    next_blank = np.full(n_labels + 2, NEG_INF)
-    next_label = np.full(n_labels + 1, NEG_INF)
-    beta_blank = np.empty(n_labels + 1)
-    beta_label = np.empty(n_labels + 1)
-    occupancy_blank = np.empty(n_labels + 1)
-    occupancy_label = np.empty(n_labels + 1)
-    for t in range(last, -1, -1):
-        lo = max(0, n_states - 2 * (n_frames - t))
-        hi = min(n_states - 1, 2 * t + 1)
-        first_blank, n_blank = (lo + 1) // 2, hi // 2 + 1 - (lo + 1) // 2
-        first_label, n_label = lo // 2, (hi - 1) // 2 + 1 - lo // 2
-        if t == last:
-            # The band is the two end states: the last blank and label.
-            beta_blank[n_labels] = 0.0
-            beta_label[max(n_labels - 1, 0)] = 0.0
-        else:
-            _backward_blanks(next_blank[first_blank:], next_label[first_blank:],
-                             beta_blank[first_blank:], n_blank)
-            _backward_labels(next_label[first_label:], next_blank[first_label + 1:],
-                             next_label[first_label + 1:], can_skip[first_label + 1:],
-                             beta_label[first_label:], n_label)
-
-        # Views from the band's first state, as for the lattice loops.
-        _occupancies(alpha_blank[t, first_blank:], beta_blank[first_blank:], log_prob,
-                     occupancy_blank, n_blank)
-        _occupancies(alpha_label[t, first_label + 1:], beta_label[first_label:], log_prob,
-                     occupancy_label, n_label)
-        # Several labels may share a class: a plain loop.
-        blank_total = 0.0
-        for k in range(n_blank):
-            blank_total += occupancy_blank[k]
-        grad[t, blank] -= blank_total
-        for k in range(n_label):
-            grad[t, label[first_label + k]] -= occupancy_label[k]
-
-        next_blank[:] = NEG_INF
-        next_label[:] = NEG_INF
-        _add_emission(beta_blank[first_blank:], emit_blank[t:t + 1], 0,
-                      next_blank[first_blank:], n_blank)
-        _add_emission(beta_label[first_label:], emit_label[t, first_label:], 1,
-                      next_label[first_label:], n_label)
+    if compute_grad:
+        _backward(label, emit_blank, emit_label, can_skip, alpha_blank, alpha_label, log_prob,
+                  grad)
     return -log_prob
 
 
-@njit_cached_twins(error_model="numpy")
+@njit_cached(nogil=True, error_model="numpy")
 def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
                      compute_grad, loss, grad):
     """loss[r] (and grad[r] when compute_grad) for each label row r.
@@ -328,14 +375,39 @@ def _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths,
     Row r scores labels[r, :label_lengths[r]] against sample row_sample[r] of
     logits, so that one sample can be scored against many label sequences
     (the dictionary decoder does this; the loss uses row_sample = arange).
-    grad is (rows, time, classes), or (rows, 0, 0) when not computed.  The
-    per-row work is a separate serial function: compiling it inside the
-    parallel loop took Numba several times longer.
+    grad is (rows, time, classes), or (rows, 0, 0) when not computed.
+    Serial and without the GIL: :func:`loss_rows` runs it on parts of the
+    rows at once.
     """
-    for row in numba.prange(labels.shape[0]):
+    for row in range(labels.shape[0]):
         sample = row_sample[row]
         loss[row] = _ctc_row(logits[sample], labels[row, :label_lengths[row]],
                              input_lengths[sample], compute_grad, grad[row])
+
+
+def loss_rows(logits, row_sample, labels, label_lengths, input_lengths, compute_grad, loss,
+              grad):
+    """:func:`_ctc_loss_kernel`, its rows split between BLAS's threads
+    (:func:`parts.run_parts`) where there are two or more.  Not a prange loop:
+    Numba compiled the loss kernel several times longer with one (its
+    parallel loop's body is compiled, and every callee's code optimised,
+    once more), and BLAS's threads also avoid the wait for Numba's threads
+    that :func:`windows.launch_by_images` describes."""
+    rows = labels.shape[0]
+    count = min(blas.threads(), rows) if rows >= 2 else 1
+    if count < 2:
+        _ctc_loss_kernel(logits, row_sample, labels, label_lengths, input_lengths, compute_grad,
+                         loss, grad)
+        return
+    per = -(-rows // count)
+    count = -(-rows // per)  # none empty
+
+    def part(i):
+        rows_of_part = slice(i * per, min(rows, (i + 1) * per))
+        _ctc_loss_kernel(logits, row_sample[rows_of_part], labels[rows_of_part],
+                         label_lengths[rows_of_part], input_lengths, compute_grad,
+                         loss[rows_of_part], grad[rows_of_part])
+    parts.run_parts(count, part)
 
 
 def _tf_labels(labels, label_lengths, input_lengths, n_classes, where):
@@ -433,8 +505,8 @@ def ctc_loss_and_grad(logits, labels, label_lengths, input_lengths, compute_grad
     loss = np.empty(batch, dtype=logits.dtype)
     grad_shape = logits.shape if compute_grad else (batch, 0, 0)  # (batch, 0, 0): unused
     grad = np.empty(grad_shape, dtype=logits.dtype)
-    loss_kernel_for_here()(logits, np.arange(batch, dtype=np.int64), labels, real_lengths,
-                                input_lengths, compute_grad, loss, grad)
+    loss_rows(logits, np.arange(batch, dtype=np.int64), labels, real_lengths, input_lengths,
+              compute_grad, loss, grad)
     _all_null_labels_as_tf1(logits, input_lengths, real_lengths == 0, loss, grad)
     return loss, (grad if compute_grad else None)
 
@@ -468,8 +540,3 @@ def _all_null_labels_as_tf1(logits, input_lengths, all_null, loss, grad):
             grad[b, :n_frames] = np.exp(log_probs)
             if log_p > NEG_INF:  # else, as TF, no valid path: the softmax alone
                 grad[b, :n_frames, blank] -= occupancy
-
-
-def loss_kernel_for_here():
-    """The parallel loss kernel, or its serial twin where Numba's threads cannot run."""
-    return _ctc_loss_kernel if parallel_ok() else _ctc_loss_kernel.serial

@@ -679,3 +679,25 @@ def test_log_accuracy():
     out = np.empty(1)
     _apply_log(np.array([np.nan]), out)
     assert np.isnan(out[0])
+
+
+def test_lattice_loops_vectorise():
+    """The loss's loops over states and classes run as packed vector code: LLVM
+    inlines _exp and _log_1_to_3 into them (Numba inlines _log_add3, which LLVM
+    left as a call); a loop with a call left in it stays scalar."""
+    rng = np.random.default_rng(0)
+    n = 37
+    same, beside, beyond, emit = (rng.uniform(-20.0, 0.0, n) for _ in range(4))
+    can_skip = rng.random(n) < 0.5
+    out = np.empty(n)
+    ctc_loss._blank_step(same, beside, -0.5, out, n)
+    np.testing.assert_allclose(out, np.logaddexp(same, beside) - 0.5, rtol=1e-14)
+    ctc_loss._label_step(same, beside, beyond, can_skip, emit, out, n)
+    expected = np.logaddexp(np.logaddexp(same, beside), np.where(can_skip, beyond, -np.inf)) + emit
+    np.testing.assert_allclose(out, expected, rtol=1e-14)
+    ctc_loss._shifted_exps(same, beside, 1.5, out, n)  # exp of values <= 0, as the loss passes
+    np.testing.assert_allclose(out, np.exp(same + beside - 1.5), rtol=1e-14)
+    scalar = [loop.__name__ for loop in (ctc_loss._blank_step, ctc_loss._label_step,
+                                         ctc_loss._shifted_exps)
+              if "vector.body" not in loop.inspect_llvm(loop.signatures[0])]
+    assert not scalar, f"loops left scalar: {scalar}"

@@ -10,7 +10,7 @@ from llvmlite import ir as llvm_ir
 from numba import types
 from numba.extending import intrinsic
 
-from . import blas, parts
+from . import blas
 from .compiling import njit_cached
 from .ctc_args import NEG_INF, as_lengths, as_logits, log_softmax
 
@@ -167,13 +167,6 @@ def _shifted_exps(a, b, shift, out, n):
         out[k] = _exp(a[k] + b[k] - shift)
 
 
-@numba.njit(fastmath=_FASTMATH, error_model="numpy")
-def _add_emission(beta, emit, emit_step, out, n):
-    """out[k] = beta[k] + emit[k * emit_step] (emit_step 0: one emission for all)."""
-    for k in range(n):
-        out[k] = beta[k] + emit[k * emit_step]
-
-
 # A row's loss (_ctc_row) in three stages, each a function of its own, so that
 # each compiles within the library's budget (tuning.LIBRARY_COMPILE_BUDGET_S);
 # as one function the row did not.  Their arrays are made with np.empty and
@@ -300,11 +293,15 @@ def _backward(label, emit_blank, emit_label, can_skip, alpha_blank, alpha_label,
         for i in range(n_labels + 1):
             next_blank[i] = next_label[i] = NEG_INF
         next_blank[n_labels + 1] = NEG_INF
-        # steps typed int64: a literal would compile _add_emission once for each
-        _add_emission(beta_blank[first_blank:], emit_blank[t:t + 1], np.int64(0),
-                      next_blank[first_blank:], n_blank)
-        _add_emission(beta_label[first_label:], emit_label[t, first_label:], np.int64(1),
-                      next_label[first_label:], n_label)
+        # next = beta + the emission at t, in the band (views from its first
+        # state, as for the lattice loops)
+        band_next, band_beta = next_blank[first_blank:], beta_blank[first_blank:]
+        for k in range(n_blank):
+            band_next[k] = band_beta[k] + emit_blank[t]
+        band_next, band_beta = next_label[first_label:], beta_label[first_label:]
+        band_emit = emit_label[t, first_label:]
+        for k in range(n_label):
+            band_next[k] = band_beta[k] + band_emit[k]
 
 
 # Inlined into the kernel: a function of its own would have the stages' code
@@ -401,6 +398,7 @@ def loss_rows(logits, row_sample, labels, label_lengths, input_lengths, compute_
         return
     per = -(-rows // count)
     count = -(-rows // per)  # none empty
+    from . import parts  # not at import: it compiles its timing part, which a decoder never needs
 
     def part(i):
         rows_of_part = slice(i * per, min(rows, (i + 1) * per))

@@ -241,9 +241,10 @@ def test_warmup_writes_no_update():
 def test_a_forked_child_runs_the_jobs_its_parent_had_queued(background):
     # the worker holds the fork gate while a job runs: the fork waits for job
     # one; job two, queued behind it, runs again in the child, on a worker of its own
-    release = threading.Event()
-    first = tiers.submit("first", lambda: release.wait(60) and "ran")
+    running, release = threading.Event(), threading.Event()
+    first = tiers.submit("first", lambda: running.set() or release.wait(60) and "ran")
     second = tiers.submit("second", os.getpid)
+    assert running.wait(30)  # job one holds the gate: the fork below must wait for it
     threading.Timer(0.5, release.set).start()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads

@@ -169,6 +169,46 @@ def test_a_c_program_calls_the_library(mlp, tmp_path):
     assert lines[8] == "numbackend_model_open: cannot open no-such-file.bin"
 
 
+GEMV_DRIVER = r"""
+#include <stdint.h>
+#include <stdio.h>
+void numbackend_sgemv(int32_t order, int32_t ta, int64_t m, int64_t n, float alpha,
+                      const float *a, int64_t lda, const float *x, int64_t incx, float beta,
+                      float *y, int64_t incy);
+int main(void) {
+    float a[6] = {1, 2, 3, 4, 5, 6};                    /* 2 x 3, row-major */
+    float x[6] = {1, -9, 2, -9, 3, -9}, y[4] = {-1, 7, -1, 7};
+    numbackend_sgemv(101, 111, 2, 3, 1.0f, a, 3, x, 2, 0.0f, y, 2);
+    float ones[2] = {1, 1}, yt[3] = {1, 1, 1};
+    numbackend_sgemv(101, 112, 2, 3, 2.0f, a, 3, ones, 1, 1.0f, yt, 1);
+    float reversed[3] = {3, 2, 1}, yr[2] = {0, 0};
+    numbackend_sgemv(101, 111, 2, 3, 1.0f, a, 3, reversed, -1, 0.0f, yr, 1);
+    printf("%g %g %g %g %g %g %g %g\n", y[0], y[1], y[2], yt[0], yt[1], yt[2], yr[0], yr[1]);
+    return 0;
+}
+"""
+
+
+def test_the_shims_own_gemv_follows_increments(tmp_path):
+    # without a BLAS from the loader (a C program), the shim's own loop runs: it
+    # once left y unchanged for a vector with an increment other than 1
+    cc = next(shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c))
+    shim = os.path.join(os.path.dirname(K.__file__), "export_files", "shim.c")
+    (tmp_path / "driver.c").write_text(GEMV_DRIVER)
+    # the shim as a library whose plan symbol stays undefined: only its BLAS runs here
+    subprocess.run([cc, "-shared", "-fPIC", "-DNUMBACKEND_PLAN_KEY=1", shim, "-lm", "-lpthread",
+                    "-Wl,--unresolved-symbols=ignore-all", "-o", str(tmp_path / "libshim.so")],
+                   check=True)
+    subprocess.run([cc, str(tmp_path / "driver.c"), str(tmp_path / "libshim.so"),
+                    f"-Wl,-rpath,{tmp_path}", "-Wl,--unresolved-symbols=ignore-all", "-o",
+                    str(tmp_path / "driver")], check=True)
+    out = subprocess.run([str(tmp_path / "driver")], check=True, capture_output=True, text=True)
+    a = np.arange(1, 7, dtype=np.float32).reshape(2, 3)
+    want = [*(a @ [1, 2, 3]), 7]  # y[0], y[2] by the product, y[1] untouched
+    want = [want[0], 7, want[1], *(2 * a.T @ [1, 1] + 1), *(a @ [1, 2, 3])]
+    np.testing.assert_array_equal([float(v) for v in out.stdout.split()], want)
+
+
 def _import_copy(folder, tmp_path, name, edit_manifest=None):
     """Copy the export into tmp_path/name, edit its manifest, import it in a
     subprocess; the CompletedProcess."""

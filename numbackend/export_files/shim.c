@@ -192,6 +192,24 @@ void numbackend_model_set_blas(numbackend_gemm_s sgemm, numbackend_gemm_d dgemm,
 PLAIN_GEMM(plain_sgemm, float)
 PLAIN_GEMM(plain_dgemm, double)
 
+/* y = alpha op(A) x + beta y, row-major, any increments (a negative one walks
+   its vector from the end, as BLAS's does), where no BLAS was given */
+#define PLAIN_GEMV(NAME, T)                                                                    \
+    static void NAME(int32_t ta, int64_t m, int64_t n, T alpha, const T *a, int64_t lda,       \
+                     const T *x, int64_t incx, T beta, T *y, int64_t incy) {                   \
+        int64_t rows = ta == TRANS ? n : m, cols = ta == TRANS ? m : n;                        \
+        const T *x0 = incx < 0 ? x - (cols - 1) * incx : x;                                    \
+        T *y0 = incy < 0 ? y - (rows - 1) * incy : y;                                          \
+        for (int64_t i = 0; i < rows; i++) {                                                   \
+            T sum = 0;                                                                         \
+            for (int64_t j = 0; j < cols; j++)                                                 \
+                sum += (ta == TRANS ? a[j * lda + i] : a[i * lda + j]) * x0[j * incx];         \
+            y0[i * incy] = alpha * sum + (beta == 0 ? 0 : beta * y0[i * incy]);                \
+        }                                                                                      \
+    }
+PLAIN_GEMV(plain_sgemv, float)
+PLAIN_GEMV(plain_dgemv, double)
+
 void numbackend_sgemm(int32_t order, int32_t ta, int32_t tb, int64_t m, int64_t n, int64_t k,
                       float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
                       float beta, float *c, int64_t ldc) {
@@ -214,27 +232,19 @@ void numbackend_dgemm(int32_t order, int32_t ta, int32_t tb, int64_t m, int64_t 
 void numbackend_sgemv(int32_t order, int32_t ta, int64_t m, int64_t n, float alpha,
                       const float *a, int64_t lda, const float *x, int64_t incx, float beta,
                       float *y, int64_t incy) {
-    if (given_sgemv) {
+    if (given_sgemv)
         given_sgemv(order, ta, m, n, alpha, a, lda, x, incx, beta, y, incy);
-    } else if (incx == 1 && incy == 1) {
-        if (ta == TRANS)
-            plain_sgemm(TRANS, NO_TRANS, n, 1, m, alpha, a, lda, x, 1, beta, y, 1);
-        else
-            plain_sgemm(NO_TRANS, NO_TRANS, m, 1, n, alpha, a, lda, x, 1, beta, y, 1);
-    }
+    else
+        plain_sgemv(ta, m, n, alpha, a, lda, x, incx, beta, y, incy);
 }
 
 void numbackend_dgemv(int32_t order, int32_t ta, int64_t m, int64_t n, double alpha,
                       const double *a, int64_t lda, const double *x, int64_t incx, double beta,
                       double *y, int64_t incy) {
-    if (given_dgemv) {
+    if (given_dgemv)
         given_dgemv(order, ta, m, n, alpha, a, lda, x, incx, beta, y, incy);
-    } else if (incx == 1 && incy == 1) {
-        if (ta == TRANS)
-            plain_dgemm(TRANS, NO_TRANS, n, 1, m, alpha, a, lda, x, 1, beta, y, 1);
-        else
-            plain_dgemm(NO_TRANS, NO_TRANS, m, 1, n, alpha, a, lda, x, 1, beta, y, 1);
-    }
+    else
+        plain_dgemv(ta, m, n, alpha, a, lda, x, incx, beta, y, incy);
 }
 
 /* ---- the plan: Numba's native calling convention (numba/core/callconv.py):

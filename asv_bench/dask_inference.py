@@ -31,19 +31,13 @@ sys.path.insert(0, ROOT)  # numbackend of this tree
 sys.path.insert(0, HERE)  # the benchmarks' shared builders
 
 from benchmarks.bench_keras import import_keras, keras_mnist_cnn
-from benchmarks.common import cnn_weights
+from benchmarks.common import cnn_weights, timed
 
 
 def seconds(times, images):
     """The times of each round and the throughput of their median."""
     rate = images / float(np.median(times))
     return f"{', '.join(f'{t:.2f}' for t in times)} s; median {rate:,.0f} images/s"
-
-
-def timed(call):
-    start = time.perf_counter()
-    result = call()
-    return result, time.perf_counter() - start
 
 
 def main():

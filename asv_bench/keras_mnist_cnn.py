@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))  # numbackend of this tree
 sys.path.insert(0, HERE)  # the benchmarks' shared builders
 
 from benchmarks.bench_keras import import_keras, interleaved_times, keras_mnist_cnn
-from benchmarks.common import cnn_function, cnn_graph, cnn_inputs, cnn_weights
+from benchmarks.common import cnn_function, cnn_graph, cnn_inputs, cnn_weights, timed
 
 LEARNING_RATE = 0.01
 
@@ -52,12 +52,6 @@ def print_medians(times, base):
         print(f"  {name:30s} {us(float(np.median(t)))}  ({np.median(t) / np.median(reference):.3f}x "
               f"the {base}'s median; median ratio in a round {np.median(t / reference):.3f})")
     return {name: float(np.median(t)) for name, t in times.items()}
-
-
-def timed(call):
-    start = time.perf_counter()
-    result = call()
-    return result, time.perf_counter() - start
 
 
 def us(seconds):

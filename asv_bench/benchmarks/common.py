@@ -13,6 +13,13 @@ def rng():
     return np.random.default_rng(0)
 
 
+def timed(call):
+    """(call(), the seconds it took)."""
+    start = time.perf_counter()
+    result = call()
+    return result, time.perf_counter() - start
+
+
 def median_time(fn, repeat):
     times = []
     for _ in range(repeat):

@@ -408,7 +408,8 @@ def _target(target):
 
 
 def cpu_flags(path="/proc/cpuinfo"):
-    """The flags of the first CPU in ``path`` (a set), or None where it cannot be read."""
+    """The flags of the first CPU in ``path`` (a set), or None where it cannot be read.
+    export_files/loader.py has the same function: an export runs without numbackend."""
     try:
         with open(path) as f:
             for line in f:

@@ -424,8 +424,7 @@ def _plan_source(program, rendered, inputs, outputs, held, scalars):
     """The Numba module of the plan: ``plan(rows, table)``, the table holding
     the addresses of the inputs, the outputs and the held arrays, in order."""
     count = len(inputs) + len(outputs) + len(held)
-    lines = compiled_plan.HEADER + (compiled_plan.CONV_HEADER if rendered.needs_conv else [])
-    lines += rendered.kernel_lines
+    lines = compiled_plan.HEADER + rendered.import_lines + rendered.kernel_lines
     lines += ["import numba", "", "",
               "@numba.njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)",
               "def plan(rows, table):",

@@ -411,7 +411,7 @@ class Conv(Lowering):
         if path.algorithm == "direct" and pool is None:
             sizes = render.add_constant("conv_sizes", path.compiled.sizes)
             offsets = render.add_constant("conv_offsets", path.compiled.offsets)
-            render.needs_conv = True
+            render.imports.add("conv")
             return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
         if path.algorithm != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
             return None
@@ -420,7 +420,7 @@ class Conv(Lowering):
         transform = render.add_constant("conv_transform", np.empty((36,) + w.shape[2:], node.dtype))
         part = render.add_constant("conv_part", conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0],
                                    runs_parts=True)
-        render.needs_conv = True
+        render.imports.add("conv")
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
                 f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
 
@@ -442,7 +442,7 @@ class Conv(Lowering):
             return None
         sizes = render.add_constant("conv_sizes", loop.sizes)
         offsets = render.add_constant("conv_offsets", loop.offsets)
-        render.needs_conv = True
+        render.imports.add("conv")
         path = conv.compiled_path(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
                                   attrs["dilation"])
         weights = render.variable_named(ins[1])
@@ -472,7 +472,7 @@ def _conv1d_export_lines(node, ins, out, render):
         return None
     sizes = render.add_constant("conv_sizes", loop.sizes)
     offsets = render.add_constant("conv_offsets", loop.offsets)
-    render.needs_conv = True
+    render.imports.add("conv")
     length, channels = (int(d) for d in x.shape[1:])
     flat = "".join(f"{int(d)}, " for d in w.shape)
     return [(f"{out} = conv.direct_forward(np.ascontiguousarray({ins[0]}).reshape(({ins[0]}.shape[0], "
@@ -515,7 +515,7 @@ class Pool(Lowering):
             return None
         lines = pool_export_lines(node, ins[0], out)
         if lines is not None:
-            render.needs_conv = True  # the header that imports jit_kernels.pool
+            render.imports.add("pool")
         return lines
 
 

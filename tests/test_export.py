@@ -32,8 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCHES = (1, 3, 33, 64)
 rng = np.random.default_rng(31)
 
-# Runs in the subprocess: imports the export, predicts every saved input at each
-# thread count, saves the results and reports which heavy modules were loaded.
+# Runs in the subprocess: imports the export, predicts every saved batch (the
+# arrays "<rows>_<input>") at each thread count, saves the results
+# ("<rows>-<threads>-<output>") and reports which heavy modules were loaded.
 PREDICT = textwrap.dedent('''
     import json, sys
     import numpy as np
@@ -41,9 +42,12 @@ PREDICT = textwrap.dedent('''
     model = __import__(sys.argv[2])
     data = np.load(sys.argv[3])
     results = {}
-    for key in data.files:
+    for rows in sorted({int(key.split("_")[0]) for key in data.files}):
+        x = [data[f"{rows}_{i}"] for i in range(len(model.MANIFEST["inputs"]))]
         for threads in (1, 2):
-            results[f"{key}-{threads}"] = model.predict(data[key], threads=threads)
+            outputs = model.predict(x if len(x) > 1 else x[0], threads=threads)
+            for j, output in enumerate(outputs if isinstance(outputs, list) else [outputs]):
+                results[f"{rows}-{threads}-{j}"] = output
     np.savez(sys.argv[4], **results)
     loaded = sorted(m for m in sys.modules
                     if m.split(".")[0] in ("numba", "llvmlite", "keras", "numbackend"))
@@ -60,11 +64,14 @@ def _clean_env():
 
 def predict_in_subprocess(folder, inputs, tmp_path):
     """{(batch, threads): outputs} of the export ``folder`` for each batch of
-    ``inputs`` (rows cut from it), run by a process that imports it with NumPy
-    alone; asserts that the process loaded no Numba, llvmlite, Keras or numbackend."""
+    ``inputs`` (an array, or a list of arrays for several inputs; rows cut
+    from each), run by a process that imports it with NumPy alone: an array,
+    or a list for several outputs.  Asserts that the process loaded no Numba,
+    llvmlite, Keras or numbackend."""
     tmp_path.mkdir(parents=True, exist_ok=True)
+    arrays = inputs if isinstance(inputs, list) else [inputs]
     data = tmp_path / "inputs.npz"
-    np.savez(data, **{str(b): inputs[:b] for b in BATCHES})
+    np.savez(data, **{f"{b}_{i}": a[:b] for b in BATCHES for i, a in enumerate(arrays)})
     out = tmp_path / "outputs.npz"
     script = tmp_path / "predict.py"
     script.write_text(PREDICT)
@@ -75,7 +82,14 @@ def predict_in_subprocess(folder, inputs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     results = np.load(out)
-    return {(b, t): results[f"{b}-{t}"] for b in BATCHES for t in (1, 2)}
+    got = {}
+    for b in BATCHES:
+        for t in (1, 2):
+            outputs = [results[k] for k in sorted((k for k in results.files
+                                                   if k.startswith(f"{b}-{t}-")),
+                                                  key=lambda k: int(k.split("-")[2]))]
+            got[b, t] = outputs[0] if len(outputs) == 1 else outputs
+    return got
 
 
 def _softmax(z):

@@ -175,7 +175,8 @@ def _render_steps(program_, out):
         else:
             lines = step.lowering.compiled_lines(step.node, step.ins, step.out, out)
             if lines is None:
-                out.refused = _describe([step.node])
+                reason = step.lowering.no_compiled_form(step.node)
+                out.refused = _describe([step.node]) + (f": {reason}" if reason else "")
                 return False
             out.lines += lines
     return True

@@ -16,8 +16,10 @@ same library through ``model.h``.  It holds
   inputs (weights, packed panels, constants), 64-byte aligned;
 - ``__init__.py``: the loader (export_files/loader.py: ctypes and NumPy);
 - ``model.h``: the C API;
-- ``manifest.json``: the inputs' and outputs' shapes and types, the CPU target
-  and the features it needs (checked at load), the numbackend version, threads.
+- ``manifest.json``: the inputs' and outputs' shapes and types (and the
+  padding the loader trims from an output whose size depends on the data),
+  the CPU target and the features it needs (checked at load), the numbackend
+  version, threads.
 
 The folder is built beside DEST under another name, checked (its predictions
 of a random batch against the function's, in a process of its own) and only
@@ -37,6 +39,7 @@ import numpy as np
 
 from . import codegen, compiled_plan, core, runtime, tuning
 from .graph import format_shape, toposort
+from .lowering import lowering_of
 from .ops import batch
 from .plan import BODIES
 
@@ -97,6 +100,9 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
     model predicts, for any batch size (``predict(x, batch_size=None,
     threads=None)``; a list of arrays for several inputs).  A function's
     outputs must all have the batch (axis 0 of its inputs) as their axis 0.
+    An output whose size along another axis depends on the whole batch is
+    written at its bound and cut by the loader to what the function gives
+    (Lowering.export_padding); no other step may read it.
 
     ``target``: the CPU the library is built for: ``"x86-64-v3"`` (AVX2, the
     default), ``"x86-64-v2"``, ``"x86-64-v4"`` (or ``"avx512"``), or
@@ -133,6 +139,7 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
         raise ExportError(f"export: this step has no compiled form, so the model cannot be "
                           f"exported: {rendered.refused}")
     _check_rows_apart(program, fed, model_or_function)
+    _check_padded_values_are_outputs(program, model_or_function)
     outputs = _arrays_of(program.targets, "output")
     codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
     held, scalars = compiled_plan.held_arrays(program, rendered)
@@ -368,17 +375,43 @@ def _in_layer(model, node, prefix=""):
 
 def _arrays_of(tensors, kind):
     """The manifest's entries of the inputs or outputs: each one's name, shape
-    (axis 0 the batch, None) and dtype; ExportError where axis 0 is not the
-    batch or another axis has no size."""
+    (axis 0 the batch, None) and dtype, and for an output with an axis whose
+    size depends on the data (Lowering.export_padding), its size as the
+    library writes it and "trim": {"axis", "pad"}, which the loader drops
+    (see export_files/model.h); ExportError where axis 0 is not the batch or
+    another axis has no size."""
     entries = []
     for i, t in enumerate(tensors):
-        if t.ndim == 0 or t.shape[0] is not None or None in t.shape[1:]:
+        padding = lowering_of(t).export_padding(t) if kind == "output" else None
+        shape = list(t.shape)
+        if padding is not None:
+            shape[padding.axis] = padding.size
+        if t.ndim == 0 or shape[0] is not None or None in shape[1:]:
             raise ExportError(f"export: {kind} {i} ({t.name!r}) has shape {format_shape(t.shape)}: "
                               "an export needs axis 0 of unknown size (the batch) and every "
                               "other axis known")
-        entries.append({"name": str(t.name), "shape": [None] + [int(d) for d in t.shape[1:]],
-                        "dtype": np.dtype(t.dtype).name})
+        entry = {"name": str(t.name), "shape": [None] + [int(d) for d in shape[1:]],
+                 "dtype": np.dtype(t.dtype).name}
+        if padding is not None:
+            entry["trim"] = {"axis": padding.axis, "pad": padding.value}
+        entries.append(entry)
     return entries
+
+
+def _check_padded_values_are_outputs(program, model):
+    """ExportError where a value whose export writes an axis padded to its
+    bound (Lowering.export_padding: CTC's decodings) is read by another step,
+    which would see the padding: only the loader trims it, at the outputs."""
+    for node in toposort(program.targets):
+        for value in node.inputs:
+            padding = lowering_of(value).export_padding(value)
+            if padding is not None:
+                raise ExportError(
+                    f"export: {batch.describe(value)}{_in_layer(model, value, ', ')} is read by "
+                    f"{batch.describe(node)}: an export writes its axis {padding.axis}, whose size "
+                    f"depends on the data, at {padding.size} entries padded with "
+                    f"{padding.value!r}, and trims them only where it is an output of the "
+                    "function; export it as an output and compute the rest with NumPy")
 
 
 def _target(target):

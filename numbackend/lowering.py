@@ -22,6 +22,7 @@ import math
 import numbers
 import weakref
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +60,28 @@ class Lowering:
         where there are none.  ``render``: the compiled_plan.Render the lines
         join, whose constants, arguments, packings and hoistings they may add to."""
         return
+
+    def no_compiled_form(self, node):
+        """Why :meth:`compiled_lines` gives ``node`` none, where there is more
+        to say than the step itself (an export's refusal says it); else None."""
+        return
+
+    def export_padding(self, node):
+        """Where the size of an axis of ``node``'s result depends on the data (the
+        batch's longest CTC decoding): a :class:`Padding`, how the export's lines
+        write it; None for every other op."""
+        return
+
+
+class Padding(NamedTuple):
+    """An axis of a result whose size depends on the data, as an export's lines
+    write it: at its bound, ``size`` (no result is longer), each row's entries
+    followed by ``value``, which the result holds nowhere else.  The export's
+    loader drops the trailing positions along the axis that hold ``value`` in
+    every row (manifest.json's "trim"), which gives the function's result."""
+    axis: int
+    size: int
+    value: int
 
 
 class View(Lowering):

@@ -100,9 +100,10 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
     model predicts, for any batch size (``predict(x, batch_size=None,
     threads=None)``; a list of arrays for several inputs).  A function's
     outputs must all have the batch (axis 0 of its inputs) as their axis 0.
-    An output whose size along another axis depends on the whole batch is
-    written at its bound and cut by the loader to what the function gives
-    (Lowering.export_padding); no other step may read it.
+    An output whose size along another axis depends on the whole batch (a
+    greedy ``ctc_decode``'s decodings, padded to the longest) is written at
+    its bound and cut by the loader to what the function gives; no other
+    step may read it.
 
     ``target``: the CPU the library is built for: ``"x86-64-v3"`` (AVX2, the
     default), ``"x86-64-v2"``, ``"x86-64-v4"`` (or ``"avx512"``), or
@@ -295,24 +296,30 @@ def _difference(got, want):
 
 
 def _sample_inputs(program, fed, inputs, rng):
-    """A random batch of EXPORT_CHUNK_ROWS + 8 rows for the inputs: ids within the table
-    for an input that selects rows of one (an Embedding's, through a cast or
-    not), else floats from a normal distribution, integers 0 or 1, booleans."""
-    id_bound = {}  # {placeholder id: the fewest rows of the tables it selects from}
+    """A random batch of EXPORT_CHUNK_ROWS + 8 rows for the inputs: whole
+    numbers an op can take for an input that counts (through a cast or not):
+    ids within the table for one that selects rows of one (an Embedding's),
+    lengths within the time steps for a CTC decoder's; else floats from a
+    normal distribution, integers 0 or 1, booleans."""
+    bound = {}  # {placeholder id: the smallest bound (exclusive) on the counts it holds}
     for node in toposort(program.targets):
         if node.op == "gather":
-            ids = node.inputs[1]
-            while ids.op == "cast":
-                ids = ids.inputs[0]
-            rows = node.inputs[0].shape[0]
-            if rows is not None:
-                id_bound[ids.id] = min(id_bound.get(ids.id, rows), rows)
+            counts, limit = node.inputs[1], node.inputs[0].shape[0]
+        elif node.op == "ctc_decode":
+            steps = node.inputs[0].shape[1]
+            counts, limit = node.inputs[1], None if steps is None else steps + 1
+        else:
+            continue
+        while counts.op == "cast":
+            counts = counts.inputs[0]
+        if limit is not None:
+            bound[counts.id] = min(bound.get(counts.id, limit), limit)
     arrays = []
     for t, entry in zip(fed, inputs):
         shape = (_verify_rows(), *entry["shape"][1:])
         dtype = np.dtype(entry["dtype"])
-        if t.id in id_bound:
-            array = rng.integers(0, id_bound[t.id], shape)
+        if t.id in bound:
+            array = rng.integers(0, bound[t.id], shape)
         elif dtype.kind == "f":
             array = rng.standard_normal(shape)
         elif dtype.kind == "b":

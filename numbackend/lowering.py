@@ -542,6 +542,63 @@ class Pool(Lowering):
         return lines
 
 
+class CtcDecode(Lowering):
+    """CTC decoding, in an export only, and greedy only: jit_kernels.ctc_decode's
+    serial loop, which writes the op's packed results ((rows, 1, 1 + longest)
+    float64: the log probability, then the labels padded with -1; ops/ctc.py)
+    at the width of the time steps, the longest any decoding can be, so that
+    a chunk of rows does not depend on the others; the ctc_decoded_path and
+    ctc_decoded_log_prob steps read them there."""
+
+    def compiled_lines(self, node, ins, out, render):
+        steps = node.inputs[0].shape[1]
+        if not render.export or node.attrs["mode"] != "greedy" or steps is None:
+            return None
+        render.imports.add("ctc_decode")
+        return [f"{out} = np.empty(({ins[0]}.shape[0], 1, {1 + int(steps)}), dtype=np.float64)",
+                (f"ctc_decode.greedy_decode_packed({ins[0]}, "
+                 f"np.ascontiguousarray({ins[1]}).ravel(), {out})")]
+
+    def no_compiled_form(self, node):
+        search = {"beam": "beam search (greedy=False)",
+                  "dictionary": "dictionary decoding (dict_values)"}.get(node.attrs["mode"])
+        if search is None:
+            return None
+        return (f"{search} is not exported, only greedy decoding: export the model up to its "
+                "softmax and decode its output with K.ctc_decode")
+
+
+def _ctc_steps(packed):
+    """The time steps of the logits that the ctc_decode node ``packed`` decodes,
+    the width of its decodings in an export (see CtcDecode); None where unknown."""
+    steps = packed.inputs[0].shape[1] if packed.op == "ctc_decode" else None
+    return None if steps is None else int(steps)
+
+
+class CtcDecodedPath(Lowering):
+    """A decoding of CTC's packed results, in an export only: at the width of
+    the time steps, each row padded with -1 (see CtcDecode), which the
+    export's loader trims to the batch's longest (:meth:`export_padding`)."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or self.export_padding(node) is None:
+            return None
+        return [f"{out} = {ins[0]}[:, {int(node.attrs['index'])}, 1:].astype(np.int64)"]
+
+    def export_padding(self, node):
+        steps = _ctc_steps(node.inputs[0])
+        return None if steps is None else Padding(axis=1, size=steps, value=-1)
+
+
+class CtcDecodedLogProb(Lowering):
+    """The log probabilities of CTC's packed results, in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        return [f"{out} = {ins[0]}[:, :, 0].astype(np.{node.dtype})"]
+
+
 def _kernel_transform(weights):
     """Winograd's transform of a convolution's kernel ``weights``."""
     from jit_kernels import conv
@@ -729,6 +786,9 @@ LOWERINGS = {
     "tile": Tile(),
     "reverse": Reverse(),
     "pool": Pool(),
+    "ctc_decode": CtcDecode(),
+    "ctc_decoded_path": CtcDecodedPath(),
+    "ctc_decoded_log_prob": CtcDecodedLogProb(),
     **{op: Reduce() for op in Reduce.ROW},
     "tuple_item": TupleItem(),
     "scan": Scan(),

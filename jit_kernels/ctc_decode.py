@@ -79,6 +79,38 @@ def ctc_greedy_decode(logits, input_lengths, merge_repeated=True):
     return dense, neg_sum.astype(logits.dtype)
 
 
+@njit_cached(nogil=True)
+def greedy_decode_packed(logits, input_lengths, packed):
+    """:func:`ctc_greedy_decode` (repeats merged) for compiled code, each row's
+    results in one row of ``packed``, (batch, 1, 1 + time) float64:
+    ``packed[b, 0, 0]`` the row's neg_sum_logits, ``packed[b, 0, 1:]`` its
+    labels padded with -1 to the full width of the time steps (no decoding is
+    longer), so that a row's results do not depend on the other rows'.
+
+    ``input_lengths`` (batch,), of any number type, is read as
+    :func:`ctc_greedy_decode` reads it (truncated to an integer); ValueError
+    where one is outside 0..time or their count is not the batch's."""
+    batch, n_time = logits.shape[0], logits.shape[1]
+    if input_lengths.shape[0] != batch or packed.shape != (batch, 1, 1 + n_time):
+        raise ValueError("jit_kernels.ctc_decode.greedy_decode_packed: the lengths or the packed "
+                         "results do not fit the logits' batch and time steps")
+    lengths = np.empty(batch, dtype=np.int64)
+    for b in range(batch):
+        # the truncation of a float lands in 0..time exactly where it lies in (-1, time + 1)
+        if not (input_lengths[b] > -1 and input_lengths[b] < n_time + 1):
+            raise ValueError("jit_kernels.ctc_decode.greedy_decode_packed: an input length is "
+                             "outside 0..time")
+        lengths[b] = np.int64(input_lengths[b])
+    decoded = np.empty((batch, n_time), dtype=np.int64)
+    decoded_lengths = np.empty(batch, dtype=np.int64)
+    neg_sum = np.empty((batch, 1), dtype=np.float64)
+    _greedy_kernel(logits, lengths, True, decoded, decoded_lengths, neg_sum)
+    for b in range(batch):
+        packed[b, 0, 0] = neg_sum[b, 0]
+        for t in range(n_time):
+            packed[b, 0, 1 + t] = decoded[b, t] if t < decoded_lengths[b] else -1.0
+
+
 # ---------------------------------------------------------------------------
 # Prefix beam search
 

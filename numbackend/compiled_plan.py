@@ -25,8 +25,6 @@ from . import codegen, graph, program
 # the generated module's first lines
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from numbackend.codegen import loaded_kernel", ""]
-# after it, in a whole call running convolutions
-CONV_HEADER = ["from jit_kernels import conv, pool", ""]
 
 
 class Render:
@@ -69,7 +67,7 @@ class Render:
         self.kernels, self.modules = {}, {}
         self.functions = {}  # {(module key, attribute): name} of compiled functions the lines call
         self.runs_parts = False  # parts on BLAS's threads: the call holds its lock
-        self.needs_conv = False
+        self.imports = set()  # the modules of jit_kernels the lines call besides HEADER's
 
     def variable_named(self, name):
         """The variable whose value the lines read as ``name``, or None."""
@@ -105,6 +103,11 @@ class Render:
             for held in holder.kernel_modules:
                 self.modules[held.KEY] = held
         return self.functions.setdefault((module.KEY, attribute), f"function{len(self.functions)}")
+
+    @property
+    def import_lines(self):
+        """The lines importing :attr:`imports` (after :data:`HEADER`)."""
+        return [f"from jit_kernels import {', '.join(sorted(self.imports))}", ""] if self.imports else []
 
     @property
     def kernel_lines(self):
@@ -172,7 +175,8 @@ def _render_steps(program_, out):
         else:
             lines = step.lowering.compiled_lines(step.node, step.ins, step.out, out)
             if lines is None:
-                out.refused = _describe([step.node])
+                reason = step.lowering.no_compiled_form(step.node)
+                out.refused = _describe([step.node]) + (f": {reason}" if reason else "")
                 return False
             out.lines += lines
     return True
@@ -198,7 +202,7 @@ def _with_epilogue_lines(step, out):
     pooling = pool_export_lines(step.pool, step.unpooled, step.out)
     if pooling is None:
         return None
-    out.needs_conv = True
+    out.imports.add("pool")
     return lines + pooling
 
 
@@ -356,7 +360,7 @@ def compile_call(program_):
     params = [f"p{i}" for i in range(len(program_.placeholders))] + ["addresses"]
     results = [name if new else f"{name}.copy()"  # the caller owns what it gets
                for name, new in zip(program_.result_names, program_.result_fresh)]
-    lines = HEADER + (CONV_HEADER if rendered.needs_conv else []) + rendered.kernel_lines
+    lines = HEADER + rendered.import_lines + rendered.kernel_lines
     lines += ["", "", "@njit_cached(nogil=True)", f"def call({', '.join(params)}):"]
     lines += ["    " + h.line(i, h.name in scalars) for i, h in enumerate(held)]
     lines += ["    " + line for line in rendered.lines]

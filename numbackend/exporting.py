@@ -16,8 +16,10 @@ same library through ``model.h``.  It holds
   inputs (weights, packed panels, constants), 64-byte aligned;
 - ``__init__.py``: the loader (export_files/loader.py: ctypes and NumPy);
 - ``model.h``: the C API;
-- ``manifest.json``: the inputs' and outputs' shapes and types, the CPU target
-  and the features it needs (checked at load), the numbackend version, threads.
+- ``manifest.json``: the inputs' and outputs' shapes and types (and the
+  padding the loader trims from an output whose size depends on the data),
+  the CPU target and the features it needs (checked at load), the numbackend
+  version, threads.
 
 The folder is built beside DEST under another name, checked (its predictions
 of a random batch against the function's, in a process of its own) and only
@@ -37,6 +39,7 @@ import numpy as np
 
 from . import codegen, compiled_plan, core, runtime, tuning
 from .graph import format_shape, toposort
+from .lowering import lowering_of
 from .ops import batch
 from .plan import BODIES
 
@@ -97,6 +100,10 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
     model predicts, for any batch size (``predict(x, batch_size=None,
     threads=None)``; a list of arrays for several inputs).  A function's
     outputs must all have the batch (axis 0 of its inputs) as their axis 0.
+    An output whose size along another axis depends on the whole batch (a
+    greedy ``ctc_decode``'s decodings, padded to the longest) is written at
+    its bound and cut by the loader to what the function gives; no other
+    step may read it.
 
     ``target``: the CPU the library is built for: ``"x86-64-v3"`` (AVX2, the
     default), ``"x86-64-v2"``, ``"x86-64-v4"`` (or ``"avx512"``), or
@@ -133,6 +140,7 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
         raise ExportError(f"export: this step has no compiled form, so the model cannot be "
                           f"exported: {rendered.refused}")
     _check_rows_apart(program, fed, model_or_function)
+    _check_padded_values_are_outputs(program, model_or_function)
     outputs = _arrays_of(program.targets, "output")
     codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
     held, scalars = compiled_plan.held_arrays(program, rendered)
@@ -288,24 +296,30 @@ def _difference(got, want):
 
 
 def _sample_inputs(program, fed, inputs, rng):
-    """A random batch of EXPORT_CHUNK_ROWS + 8 rows for the inputs: ids within the table
-    for an input that selects rows of one (an Embedding's, through a cast or
-    not), else floats from a normal distribution, integers 0 or 1, booleans."""
-    id_bound = {}  # {placeholder id: the fewest rows of the tables it selects from}
+    """A random batch of EXPORT_CHUNK_ROWS + 8 rows for the inputs: whole
+    numbers an op can take for an input that counts (through a cast or not):
+    ids within the table for one that selects rows of one (an Embedding's),
+    lengths within the time steps for a CTC decoder's; else floats from a
+    normal distribution, integers 0 or 1, booleans."""
+    bound = {}  # {placeholder id: the smallest bound (exclusive) on the counts it holds}
     for node in toposort(program.targets):
         if node.op == "gather":
-            ids = node.inputs[1]
-            while ids.op == "cast":
-                ids = ids.inputs[0]
-            rows = node.inputs[0].shape[0]
-            if rows is not None:
-                id_bound[ids.id] = min(id_bound.get(ids.id, rows), rows)
+            counts, limit = node.inputs[1], node.inputs[0].shape[0]
+        elif node.op == "ctc_decode":
+            steps = node.inputs[0].shape[1]
+            counts, limit = node.inputs[1], None if steps is None else steps + 1
+        else:
+            continue
+        while counts.op == "cast":
+            counts = counts.inputs[0]
+        if limit is not None:
+            bound[counts.id] = min(bound.get(counts.id, limit), limit)
     arrays = []
     for t, entry in zip(fed, inputs):
         shape = (_verify_rows(), *entry["shape"][1:])
         dtype = np.dtype(entry["dtype"])
-        if t.id in id_bound:
-            array = rng.integers(0, id_bound[t.id], shape)
+        if t.id in bound:
+            array = rng.integers(0, bound[t.id], shape)
         elif dtype.kind == "f":
             array = rng.standard_normal(shape)
         elif dtype.kind == "b":
@@ -368,17 +382,43 @@ def _in_layer(model, node, prefix=""):
 
 def _arrays_of(tensors, kind):
     """The manifest's entries of the inputs or outputs: each one's name, shape
-    (axis 0 the batch, None) and dtype; ExportError where axis 0 is not the
-    batch or another axis has no size."""
+    (axis 0 the batch, None) and dtype, and for an output with an axis whose
+    size depends on the data (Lowering.export_padding), its size as the
+    library writes it and "trim": {"axis", "pad"}, which the loader drops
+    (see export_files/model.h); ExportError where axis 0 is not the batch or
+    another axis has no size."""
     entries = []
     for i, t in enumerate(tensors):
-        if t.ndim == 0 or t.shape[0] is not None or None in t.shape[1:]:
+        padding = lowering_of(t).export_padding(t) if kind == "output" else None
+        shape = list(t.shape)
+        if padding is not None:
+            shape[padding.axis] = padding.size
+        if t.ndim == 0 or shape[0] is not None or None in shape[1:]:
             raise ExportError(f"export: {kind} {i} ({t.name!r}) has shape {format_shape(t.shape)}: "
                               "an export needs axis 0 of unknown size (the batch) and every "
                               "other axis known")
-        entries.append({"name": str(t.name), "shape": [None] + [int(d) for d in t.shape[1:]],
-                        "dtype": np.dtype(t.dtype).name})
+        entry = {"name": str(t.name), "shape": [None] + [int(d) for d in shape[1:]],
+                 "dtype": np.dtype(t.dtype).name}
+        if padding is not None:
+            entry["trim"] = {"axis": padding.axis, "pad": padding.value}
+        entries.append(entry)
     return entries
+
+
+def _check_padded_values_are_outputs(program, model):
+    """ExportError where a value whose export writes an axis padded to its
+    bound (Lowering.export_padding: CTC's decodings) is read by another step,
+    which would see the padding: only the loader trims it, at the outputs."""
+    for node in toposort(program.targets):
+        for value in node.inputs:
+            padding = lowering_of(value).export_padding(value)
+            if padding is not None:
+                raise ExportError(
+                    f"export: {batch.describe(value)}{_in_layer(model, value, ', ')} is read by "
+                    f"{batch.describe(node)}: an export writes its axis {padding.axis}, whose size "
+                    f"depends on the data, at {padding.size} entries padded with "
+                    f"{padding.value!r}, and trims them only where it is an output of the "
+                    "function; export it as an output and compute the rest with NumPy")
 
 
 def _target(target):
@@ -424,8 +464,7 @@ def _plan_source(program, rendered, inputs, outputs, held, scalars):
     """The Numba module of the plan: ``plan(rows, table)``, the table holding
     the addresses of the inputs, the outputs and the held arrays, in order."""
     count = len(inputs) + len(outputs) + len(held)
-    lines = compiled_plan.HEADER + (compiled_plan.CONV_HEADER if rendered.needs_conv else [])
-    lines += rendered.kernel_lines
+    lines = compiled_plan.HEADER + rendered.import_lines + rendered.kernel_lines
     lines += ["import numba", "", "",
               "@numba.njit(nogil=True, no_cpython_wrapper=True, no_cfunc_wrapper=True)",
               "def plan(rows, table):",

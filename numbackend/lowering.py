@@ -22,6 +22,7 @@ import math
 import numbers
 import weakref
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +60,28 @@ class Lowering:
         where there are none.  ``render``: the compiled_plan.Render the lines
         join, whose constants, arguments, packings and hoistings they may add to."""
         return
+
+    def no_compiled_form(self, node):
+        """Why :meth:`compiled_lines` gives ``node`` none, where there is more
+        to say than the step itself (an export's refusal says it); else None."""
+        return
+
+    def export_padding(self, node):
+        """Where the size of an axis of ``node``'s result depends on the data (the
+        batch's longest CTC decoding): a :class:`Padding`, how the export's lines
+        write it; None for every other op."""
+        return
+
+
+class Padding(NamedTuple):
+    """An axis of a result whose size depends on the data, as an export's lines
+    write it: at its bound, ``size`` (no result is longer), each row's entries
+    followed by ``value``, which the result holds nowhere else.  The export's
+    loader drops the trailing positions along the axis that hold ``value`` in
+    every row (manifest.json's "trim"), which gives the function's result."""
+    axis: int
+    size: int
+    value: int
 
 
 class View(Lowering):
@@ -411,7 +434,7 @@ class Conv(Lowering):
         if path.algorithm == "direct" and pool is None:
             sizes = render.add_constant("conv_sizes", path.compiled.sizes)
             offsets = render.add_constant("conv_offsets", path.compiled.offsets)
-            render.needs_conv = True
+            render.imports.add("conv")
             return [f"{out} = conv.direct_forward({ins[0]}, {ins[1]}, {sizes}, {offsets})"]
         if path.algorithm != "winograd" or pool not in (None, "max") or not parts.pool_from_compiled():
             return None
@@ -420,7 +443,7 @@ class Conv(Lowering):
         transform = render.add_constant("conv_transform", np.empty((36,) + w.shape[2:], node.dtype))
         part = render.add_constant("conv_part", conv.winograd_parts[np.dtype(node.dtype).itemsize]()[0],
                                    runs_parts=True)
-        render.needs_conv = True
+        render.imports.add("conv")
         return [(f"{out} = conv.winograd_forward({ins[0]}, {ins[1]}, {kept}, {transform}, {part}, "
                 f"np.int64({conv.POOL_MODES[pool]}), np.int64({path.compiled.chunk}))")]
 
@@ -442,7 +465,7 @@ class Conv(Lowering):
             return None
         sizes = render.add_constant("conv_sizes", loop.sizes)
         offsets = render.add_constant("conv_offsets", loop.offsets)
-        render.needs_conv = True
+        render.imports.add("conv")
         path = conv.compiled_path(x.shape, w.shape, dtype, attrs["strides"], attrs["padding"],
                                   attrs["dilation"])
         weights = render.variable_named(ins[1])
@@ -472,7 +495,7 @@ def _conv1d_export_lines(node, ins, out, render):
         return None
     sizes = render.add_constant("conv_sizes", loop.sizes)
     offsets = render.add_constant("conv_offsets", loop.offsets)
-    render.needs_conv = True
+    render.imports.add("conv")
     length, channels = (int(d) for d in x.shape[1:])
     flat = "".join(f"{int(d)}, " for d in w.shape)
     return [(f"{out} = conv.direct_forward(np.ascontiguousarray({ins[0]}).reshape(({ins[0]}.shape[0], "
@@ -515,8 +538,65 @@ class Pool(Lowering):
             return None
         lines = pool_export_lines(node, ins[0], out)
         if lines is not None:
-            render.needs_conv = True  # the header that imports jit_kernels.pool
+            render.imports.add("pool")
         return lines
+
+
+class CtcDecode(Lowering):
+    """CTC decoding, in an export only, and greedy only: jit_kernels.ctc_decode's
+    serial loop, which writes the op's packed results ((rows, 1, 1 + longest)
+    float64: the log probability, then the labels padded with -1; ops/ctc.py)
+    at the width of the time steps, the longest any decoding can be, so that
+    a chunk of rows does not depend on the others; the ctc_decoded_path and
+    ctc_decoded_log_prob steps read them there."""
+
+    def compiled_lines(self, node, ins, out, render):
+        steps = node.inputs[0].shape[1]
+        if not render.export or node.attrs["mode"] != "greedy" or steps is None:
+            return None
+        render.imports.add("ctc_decode")
+        return [f"{out} = np.empty(({ins[0]}.shape[0], 1, {1 + int(steps)}), dtype=np.float64)",
+                (f"ctc_decode.greedy_decode_packed({ins[0]}, "
+                 f"np.ascontiguousarray({ins[1]}).ravel(), {out})")]
+
+    def no_compiled_form(self, node):
+        search = {"beam": "beam search (greedy=False)",
+                  "dictionary": "dictionary decoding (dict_values)"}.get(node.attrs["mode"])
+        if search is None:
+            return None
+        return (f"{search} is not exported, only greedy decoding: export the model up to its "
+                "softmax and decode its output with K.ctc_decode")
+
+
+def _ctc_steps(packed):
+    """The time steps of the logits that the ctc_decode node ``packed`` decodes,
+    the width of its decodings in an export (see CtcDecode); None where unknown."""
+    steps = packed.inputs[0].shape[1] if packed.op == "ctc_decode" else None
+    return None if steps is None else int(steps)
+
+
+class CtcDecodedPath(Lowering):
+    """A decoding of CTC's packed results, in an export only: at the width of
+    the time steps, each row padded with -1 (see CtcDecode), which the
+    export's loader trims to the batch's longest (:meth:`export_padding`)."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export or self.export_padding(node) is None:
+            return None
+        return [f"{out} = {ins[0]}[:, {int(node.attrs['index'])}, 1:].astype(np.int64)"]
+
+    def export_padding(self, node):
+        steps = _ctc_steps(node.inputs[0])
+        return None if steps is None else Padding(axis=1, size=steps, value=-1)
+
+
+class CtcDecodedLogProb(Lowering):
+    """The log probabilities of CTC's packed results, in an export only."""
+
+    def compiled_lines(self, node, ins, out, render):
+        if not render.export:
+            return None
+        return [f"{out} = {ins[0]}[:, :, 0].astype(np.{node.dtype})"]
 
 
 def _kernel_transform(weights):
@@ -706,6 +786,9 @@ LOWERINGS = {
     "tile": Tile(),
     "reverse": Reverse(),
     "pool": Pool(),
+    "ctc_decode": CtcDecode(),
+    "ctc_decoded_path": CtcDecodedPath(),
+    "ctc_decoded_log_prob": CtcDecodedLogProb(),
     **{op: Reduce() for op in Reduce.ROW},
     "tuple_item": TupleItem(),
     "scan": Scan(),

@@ -32,8 +32,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BATCHES = (1, 3, 33, 64)
 rng = np.random.default_rng(31)
 
-# Runs in the subprocess: imports the export, predicts every saved input at each
-# thread count, saves the results and reports which heavy modules were loaded.
+# Runs in the subprocess: imports the export, predicts every saved batch (the
+# arrays "<rows>_<input>") at each thread count, saves the results
+# ("<rows>-<threads>-<output>") and reports which heavy modules were loaded.
 PREDICT = textwrap.dedent('''
     import json, sys
     import numpy as np
@@ -41,9 +42,12 @@ PREDICT = textwrap.dedent('''
     model = __import__(sys.argv[2])
     data = np.load(sys.argv[3])
     results = {}
-    for key in data.files:
+    for rows in sorted({int(key.split("_")[0]) for key in data.files}):
+        x = [data[f"{rows}_{i}"] for i in range(len(model.MANIFEST["inputs"]))]
         for threads in (1, 2):
-            results[f"{key}-{threads}"] = model.predict(data[key], threads=threads)
+            outputs = model.predict(x if len(x) > 1 else x[0], threads=threads)
+            for j, output in enumerate(outputs if isinstance(outputs, list) else [outputs]):
+                results[f"{rows}-{threads}-{j}"] = output
     np.savez(sys.argv[4], **results)
     loaded = sorted(m for m in sys.modules
                     if m.split(".")[0] in ("numba", "llvmlite", "keras", "numbackend"))
@@ -60,11 +64,14 @@ def _clean_env():
 
 def predict_in_subprocess(folder, inputs, tmp_path):
     """{(batch, threads): outputs} of the export ``folder`` for each batch of
-    ``inputs`` (rows cut from it), run by a process that imports it with NumPy
-    alone; asserts that the process loaded no Numba, llvmlite, Keras or numbackend."""
+    ``inputs`` (an array, or a list of arrays for several inputs; rows cut
+    from each), run by a process that imports it with NumPy alone: an array,
+    or a list for several outputs.  Asserts that the process loaded no Numba,
+    llvmlite, Keras or numbackend."""
     tmp_path.mkdir(parents=True, exist_ok=True)
+    arrays = inputs if isinstance(inputs, list) else [inputs]
     data = tmp_path / "inputs.npz"
-    np.savez(data, **{str(b): inputs[:b] for b in BATCHES})
+    np.savez(data, **{f"{b}_{i}": a[:b] for b in BATCHES for i, a in enumerate(arrays)})
     out = tmp_path / "outputs.npz"
     script = tmp_path / "predict.py"
     script.write_text(PREDICT)
@@ -75,7 +82,14 @@ def predict_in_subprocess(folder, inputs, tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
     results = np.load(out)
-    return {(b, t): results[f"{b}-{t}"] for b in BATCHES for t in (1, 2)}
+    got = {}
+    for b in BATCHES:
+        for t in (1, 2):
+            outputs = [results[k] for k in sorted((k for k in results.files
+                                                   if k.startswith(f"{b}-{t}-")),
+                                                  key=lambda k: int(k.split("-")[2]))]
+            got[b, t] = outputs[0] if len(outputs) == 1 else outputs
+    return got
 
 
 def _softmax(z):
@@ -343,16 +357,174 @@ def test_a_step_that_mixes_rows_is_refused_by_name(name, tmp_path):
     assert not (tmp_path / name).exists()
 
 
-def test_ctc_decoding_is_refused_with_its_reason(tmp_path):
-    """Keras's image_ocr decodes with K.ctc_decode(y_pred, input_length,
-    greedy=True): its labels are padded to the batch's longest decoding."""
+EPSILON = 1e-7  # Keras's fuzz factor: the CTC ops see log(y_pred + epsilon)
+
+
+def ctc_greedy_numpy(probabilities, lengths):
+    """Keras 2.2.5's ctc_decode(y_pred, input_length, greedy=True) on the
+    TensorFlow backend, by its definition: on log(y_pred + epsilon), each used
+    frame's most likely class (the first of equals), runs of one class merged,
+    blanks (the last class) dropped, the decodings padded with -1 to the
+    longest of the batch (int64); and the log probability, minus the sum of
+    each used frame's largest log(y_pred + epsilon), (batch, 1) in y_pred's type."""
+    logits = np.log(probabilities.astype(np.float64) + EPSILON)
+    blank = probabilities.shape[2] - 1
+    paths, totals = [], []
+    for row, n in zip(logits, lengths):
+        best = row[:n].argmax(axis=1)
+        merged = [c for t, c in enumerate(best) if t == 0 or c != best[t - 1]]
+        paths.append([int(c) for c in merged if c != blank])
+        totals.append(-row[:n].max(axis=1).sum())
+    width = max((len(p) for p in paths), default=0)
+    decoded = np.array([p + [-1] * (width - len(p)) for p in paths], np.int64)
+    return decoded.reshape(len(paths), width), np.array(totals, probabilities.dtype).reshape(-1, 1)
+
+
+def dense_softmax_numpy(x, w, b):
+    z = x.astype(np.float64) @ w + b
+    e = np.exp(z - z.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def ctc_greedy(tmp_path_factory):
+    """(export folder, the JIT's function, its weights) of softmax(Dense) over
+    (batch, 7 steps, 5 features) into 4 classes (the blank last), decoded by
+    K.ctc_decode(greedy=True) with each row's input length (Keras's image_ocr
+    feeds them as (batch, 1)): the decodings and their log probabilities."""
+    w = rng.standard_normal((5, 4)).astype(np.float32)
+    b = np.array([0.0, 0.0, 0.0, 0.5], np.float32)  # blanks more often
+    x = K.placeholder((None, 7, 5))
+    lengths = K.placeholder((None, 1), dtype="int64")
+    (decoded,), log_prob = K.ctc_decode(K.softmax(K.dot(x, K.variable(w)) + K.variable(b)),
+                                        lengths, greedy=True)
+    f = K.function([x, lengths], [decoded, log_prob])
+    folder = tmp_path_factory.mktemp("exports") / "ctc_model"
+    K.export(f, str(folder))
+    return folder, f, (w, b)
+
+
+def test_ctc_greedy_decoding_exports(ctc_greedy, tmp_path):
+    """Rows of every input length (0 to all 7 steps): each batch's decodings
+    padded to its own longest, as the function gives them."""
+    folder, f, (w, b) = ctc_greedy
+    x = rng.standard_normal((64, 7, 5)).astype(np.float32)
+    lengths = rng.integers(0, 8, (64, 1))
+    lengths[:3, 0] = [1, 7, 0]
+    got = predict_in_subprocess(folder, [x, lengths], tmp_path)
+    for batch in BATCHES:
+        want = ctc_greedy_numpy(dense_softmax_numpy(x[:batch], w, b), lengths[:batch, 0])
+        jit = f([x[:batch], lengths[:batch]])
+        decoded, log_prob = got[batch, 1]
+        for value, expected in zip((decoded, jit[0]), (want[0], want[0])):
+            assert value.shape == expected.shape and value.dtype == np.int64
+            np.testing.assert_array_equal(value, expected)
+        assert log_prob.dtype == jit[1].dtype == np.float32
+        np.testing.assert_allclose(log_prob, want[1], rtol=1e-5, atol=1e-5)
+        assert np.abs(log_prob - jit[1]).max() <= 1e-5
+        for value, same in zip(got[batch, 2], got[batch, 1]):
+            np.testing.assert_array_equal(value, same)
+    assert got[1, 1][0].shape[1] <= 1 < got[64, 1][0].shape[1]  # each batch's own width
+
+
+def test_ctc_export_writes_decodings_at_the_width_of_the_time_steps(ctc_greedy):
+    """What a C program sees (model.h): the decodings at the width of the
+    time steps, padded with -1, which manifest.json's "trim" says the loader drops."""
+    manifest = json.loads((ctc_greedy[0] / "manifest.json").read_text())
+    decoded, log_prob = manifest["outputs"]
+    assert (decoded["shape"], decoded["dtype"], decoded["trim"]) == (
+        [None, 7], "int64", {"axis": 1, "pad": -1})
+    assert (log_prob["shape"], log_prob["dtype"]) == ([None, 1], "float32")
+    assert "trim" not in log_prob
+
+
+CTC_EDGES = textwrap.dedent('''
+    import sys
+    import numpy as np
+    sys.path.insert(0, sys.argv[1])
+    import ctc_model
+    data = np.load(sys.argv[2])
+    x, lengths = data["x"], data["lengths"]
+    results = {"in_parts": ctc_model.predict([x, lengths], batch_size=5),
+               "no_steps": ctc_model.predict([x, 0 * lengths]),
+               "blank_steps": ctc_model.predict([0 * x, lengths]),
+               "no_rows": ctc_model.predict([x[:0], lengths[:0]])}
+    for name, outputs in results.items():
+        for j, output in enumerate(outputs):
+            np.save(f"{name}-{j}.npy", output)
+''')
+
+
+def test_ctc_export_trims_the_whole_batch_and_empty_decodings(ctc_greedy, tmp_path):
+    """predict in parts of 5 rows trims the whole batch at its longest decoding;
+    a batch whose decodings are all empty (no steps used, or every step a
+    blank) or that has no rows gives width 0, as the function does."""
+    folder, f, (w, b) = ctc_greedy
+    x = rng.standard_normal((33, 7, 5)).astype(np.float32)
+    lengths = rng.integers(1, 8, (33, 1))
+    lengths[7, 0] = 7  # a decoding longer than the others of its part of 5 rows
+    np.savez(tmp_path / "inputs.npz", x=x, lengths=lengths)
+    done = subprocess.run([sys.executable, "-c", CTC_EDGES, str(folder.parent),
+                           str(tmp_path / "inputs.npz")], check=False, capture_output=True,
+                          text=True, env=_clean_env(), cwd=tmp_path, timeout=60)
+    assert done.returncode == 0, done.stderr
+    cases = {"in_parts": (x, lengths), "no_steps": (x, 0 * lengths),
+             "blank_steps": (0 * x, lengths), "no_rows": (x[:0], lengths[:0])}
+    for name, (images, used) in cases.items():
+        want = ctc_greedy_numpy(dense_softmax_numpy(images, w, b), used[:, 0])
+        jit = f([images, used])
+        for j in (0, 1):
+            got = np.load(tmp_path / f"{name}-{j}.npy")
+            assert got.shape == want[j].shape == jit[j].shape, name
+            assert got.dtype == jit[j].dtype, name
+            np.testing.assert_allclose(got, want[j], rtol=1e-5, atol=1e-5)
+    assert np.load(tmp_path / "no_steps-0.npy").shape == (33, 0)
+    assert np.load(tmp_path / "blank_steps-0.npy").shape == (33, 0)  # the bias favours blanks
+    assert (np.load(tmp_path / "blank_steps-1.npy") > 0).all()
+    assert np.load(tmp_path / "no_rows-0.npy").shape == (0, 0)
+
+
+def test_ctc_float_lengths_export(tmp_path):
+    """Input lengths fed as floats (Keras's image_ocr decodes with
+    np.ones(n) * steps) are truncated as the function truncates them; the
+    export's check feeds lengths within 0..steps."""
+    y_pred = K.placeholder((None, 3, 3))
+    lengths = K.placeholder((None,))
+    (decoded,), log_prob = K.ctc_decode(y_pred, lengths)
+    f = K.function([y_pred, lengths], [decoded, log_prob])
+    folder = tmp_path / "float_lengths"
+    K.export(f, str(folder))
+    probabilities = rng.dirichlet(np.ones(3), (64, 3)).astype(np.float32)
+    used = rng.uniform(-0.5, 3.9, 64).astype(np.float32)
+    got = predict_in_subprocess(folder, [probabilities, used], tmp_path)
+    for batch in BATCHES:
+        want = ctc_greedy_numpy(probabilities[:batch], used[:batch].astype(np.int64))
+        np.testing.assert_array_equal(got[batch, 1][0], want[0])
+        np.testing.assert_allclose(got[batch, 1][1], want[1], rtol=1e-5, atol=1e-5)
+
+
+def test_ctc_beam_search_is_refused_by_name(tmp_path):
     y_pred = K.placeholder((None, 6, 4))
     lengths = K.placeholder((None,), dtype="int32")
-    decoded = K.ctc_decode(y_pred, lengths, greedy=True)[0][0]
+    decoded = K.ctc_decode(y_pred, lengths, greedy=False, beam_width=3)[0][0]
     f = K.function([y_pred, lengths], [decoded])
-    with pytest.raises(ExportError, match=r"export: ctc_decode 'ctc_decode_\d+' .* pads each "
-                                          r"row's decoding to the longest of the whole batch"):
-        K.export(f, str(tmp_path / "ctc_model"))
+    with pytest.raises(ExportError, match=r"ctc_decode 'ctc_decode_\d+' .*beam search "
+                                          r"\(greedy=False\) is not exported"):
+        K.export(f, str(tmp_path / "beam_model"))
+    assert not (tmp_path / "beam_model").exists()
+
+
+def test_a_padded_decoding_read_by_another_step_is_refused(tmp_path):
+    """An export writes each decoding at the width of the time steps and only
+    its loader trims them: a step reading them would see the padding (here a
+    sum of the labels, which the -1s would change), even unverified."""
+    y_pred = K.placeholder((None, 6, 4))
+    lengths = K.placeholder((None,), dtype="int32")
+    decoded = K.ctc_decode(y_pred, lengths)[0][0]
+    f = K.function([y_pred, lengths], [K.sum(K.cast(decoded, "float32"), axis=1)])
+    with pytest.raises(ExportError, match=r"export: ctc_decoded_path 'ctc_decoded_path_\d+' "
+                                          r".* is read by cast 'cast_\d+'"):
+        K.export(f, str(tmp_path / "read_model"), verify=False)
 
 
 def test_steps_that_move_the_batch_axis_but_keep_rows_apart_export(tmp_path):

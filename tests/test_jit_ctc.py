@@ -23,6 +23,7 @@ from jit_kernels.ctc import (
     ctc_label_dense_to_sparse,
     ctc_loss_and_grad,
 )
+from jit_kernels.ctc_decode import greedy_decode_packed
 
 EPSILON = 1e-7  # Keras's default fuzz factor: Keras hands TF log(y_pred + epsilon)
 
@@ -385,6 +386,24 @@ def test_greedy_decode_keras_reference():
     assert neg_sum.dtype == np.float32 and neg_sum.shape == (2, 1)
     np.testing.assert_allclose(neg_sum[:, 0], [-np.log([1.0, 0.6, 0.6, 0.9]).sum(),
                                                -np.log([0.9] * 5).sum()], rtol=1e-5)
+
+
+def test_greedy_decode_packed_gives_each_row_at_the_full_width():
+    """The form an export runs: each row's labels padded with -1 to the time
+    steps, its neg_sum_logits first; float lengths truncated as NumPy casts them."""
+    rng = np.random.default_rng(6)
+    logits = rng.normal(size=(5, 6, 4)).astype(np.float32)
+    logits[:, :, 3] += 0.3
+    lengths = np.array([6.0, 0.0, 2.9, 5.0, -0.5], np.float32)
+    packed = np.full((5, 1, 7), np.nan)
+    greedy_decode_packed(logits, lengths, packed)
+    for b, n in enumerate(lengths.astype(np.int64)):
+        path, total = greedy_reading(logits[b].astype(np.float64), n)
+        assert packed[b, 0, 1:].tolist() == path + [-1] * (6 - len(path))
+        np.testing.assert_allclose(packed[b, 0, 0], total, rtol=1e-6)
+    for bad in (np.array([7, 0, 0, 0, 0]), np.array([-1.0, 0, 0, 0, 0]), np.zeros(4)):
+        with pytest.raises(ValueError, match="greedy_decode_packed"):
+            greedy_decode_packed(logits, bad, packed)
 
 
 def test_greedy_decode_all_empty():

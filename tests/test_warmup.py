@@ -31,7 +31,7 @@ NOT_RECORDED = {
     "winograd._pooled_row", "winograd._twice",
     # what only an export's plan calls (numbackend.export, whose compile links them in)
     "conv.winograd_or_direct", "pool.max_pool_2x2", "winograd._parts_here",
-    "winograd.winograd_serial", "copying.gather_rows",
+    "winograd.winograd_serial", "copying.gather_rows", "ctc_decode.greedy_decode_packed",
 }
 
 

@@ -4,6 +4,9 @@
 the batch ``x`` (an array, or a list of arrays for a model of several
 inputs): one array, or a list for several outputs.  manifest.json describes
 the inputs and outputs; model.so is the compiled plan, model.h its C API.
+An output whose size along an axis depends on the data (CTC's decodings,
+padded to the batch's longest) has a "trim" entry in manifest.json: the
+library writes it at its bound, and predict drops the padding (see _trimmed).
 The library runs the batch in chunks of manifest.json's ``chunk_rows`` rows on
 ``threads`` threads (None: NUMBACKEND_NUM_THREADS, else every CPU this process
 may use); the results do not depend on the thread count.
@@ -144,4 +147,18 @@ def predict(x, batch_size=None, threads=None):
             message = _library.numbackend_model_error(_model).decode(errors="replace")
             kind, _, text = message.partition(": ")
             raise _ERRORS.get(kind, RuntimeError)(text if kind in _ERRORS else message)
+    outputs = [_trimmed(o, e["trim"]) if "trim" in e else o
+               for o, e in zip(outputs, MANIFEST["outputs"])]
     return outputs[0] if len(outputs) == 1 else outputs
+
+
+def _trimmed(array, trim):
+    """``array`` (an output of the whole batch) without the trailing positions
+    along ``trim["axis"]`` that hold ``trim["pad"]`` in every row: an output
+    whose size along that axis depends on the data, written at its bound with
+    each row padded, cut to the batch's longest as the model gives it."""
+    axis = trim["axis"]
+    others = tuple(a for a in range(array.ndim) if a != axis)
+    used = np.flatnonzero((array != trim["pad"]).any(axis=others))
+    size = int(used[-1]) + 1 if used.size else 0
+    return np.ascontiguousarray(array[(slice(None),) * axis + (slice(0, size),)])

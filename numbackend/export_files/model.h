@@ -4,7 +4,16 @@
    Every input and output is a C-contiguous array whose first axis is the batch
    (rows); manifest.json gives each one's shape per row and its type.  The
    caller allocates the outputs.  Functions return 0 on success, else a negative
-   error code; numbackend_model_error gives the message of the last failure. */
+   error code; numbackend_model_error gives the message of the last failure.
+
+   An output whose size along an axis depends on the data (CTC's greedy
+   decodings, which the model pads with -1 to the longest of the batch) has
+   "trim": {"axis": A, "pad": P} in manifest.json: the library writes it at
+   the size manifest.json gives (its bound: the time steps), each row's
+   entries followed by P, a value it holds nowhere else.  The model's result
+   is that array cut along axis A after the last position where any row
+   holds a value other than P (size 0 where none does), over the whole batch
+   however many calls it took; the Python loader cuts it so. */
 #ifndef NUMBACKEND_MODEL_H
 #define NUMBACKEND_MODEL_H
 

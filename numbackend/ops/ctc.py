@@ -101,22 +101,26 @@ def _ctc_decoded_path(packed, index):
 
 
 def _ctc_decode_rows(node, axes):
-    """A decoder's rows are decoded apart, but its results are padded to the
-    longest decoding of the whole batch: no rule of ops/batch.py can keep that."""
-    raise batch.MixesRows(
-        "pads each row's decoding to the longest of the whole batch, a width that an export's "
-        "chunks of rows would each choose for themselves; decoding is not exported: export the "
-        "model up to its softmax and decode that with NumPy (greedy: each frame's most likely "
-        "class, repeats merged, blanks dropped)")
+    """Each entry of axis 0 (a sequence and its length) is decoded on its own.
+    Its decodings are padded to the longest of the whole batch: an export
+    writes them at their bound instead, the time steps, and its loader trims
+    them (lowering.CtcDecode)."""
+    logits, lengths = axes
+    if logits is None or logits.axis != 0 or lengths != logits:
+        raise batch.MixesRows("decodes each entry of axis 0 with its length, but the logits "
+                              "and the lengths carry the batch on "
+                              + ", ".join("no axis" if b is None else str(b) for b in axes))
+    return logits
 
 
 library("ctc_decode", _ctc_decode_infer, _ctc_decode, grad=not_differentiable,
         rows=_ctc_decode_rows)
 library("ctc_decoded_path", lambda inputs, attrs: ((inputs[0].shape[0], None), "int64"),
-        _ctc_decoded_path, grad=not_differentiable)
+        _ctc_decoded_path, grad=not_differentiable, rows=batch.same)
 library("ctc_decoded_log_prob",
         lambda inputs, attrs: (inputs[0].shape[:2], attrs["dtype"]),
-        lambda packed, dtype: packed[:, :, 0].astype(dtype), grad=not_differentiable)
+        lambda packed, dtype: packed[:, :, 0].astype(dtype), grad=not_differentiable,
+        rows=batch.same)
 
 
 def _ctc_sparse_infer(inputs, attrs):

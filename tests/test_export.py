@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -665,6 +666,19 @@ def test_pooled_convolution_paths(path, tmp_path, tune):
     for b in BATCHES:
         np.testing.assert_allclose(got[b, 1], want[:b], rtol=1e-4, atol=1e-4)
         np.testing.assert_array_equal(got[b, 2], got[b, 1])
+    assert_no_avx512(folder / "model.so")
+
+
+def assert_no_avx512(library):
+    """The default target (x86-64-v3) runs on AVX2 CPUs: its library holds no
+    AVX-512 instruction (zmm or mask registers, embedded broadcasts), even where
+    the exporting host's kernels use 512-bit vectors."""
+    if shutil.which("objdump") is None:
+        pytest.skip("objdump is not installed")
+    code = subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(library)], check=True,
+                          capture_output=True, text=True).stdout
+    wide = re.findall(r"^.*(?:%zmm|%k[1-7]|\{1to).*$", code, re.MULTILINE)
+    assert not wide, wide[:5]
 
 
 def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):

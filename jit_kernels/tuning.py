@@ -279,13 +279,13 @@ _define("EXPORT_CHUNK_ROWS", 32, "rows of a batch",
 
 # --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
 
-_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 2, "rows (axis 0 of the states) per thread",
-        "derived: each part runs the whole loop over its rows, with no hand-off between "
-        "steps, so it needs rows only for its own products: from 2 rows up they run on the "
-        "packed tiles (at SCAN_PACKED_MIN_ROWS's default), whose speed per row changes "
-        "little with the rows (2x128 by 128x512 at about 80% of 16x128's speed per row on "
-        "one core of a 2-core Intel Xeon VM with AVX-512); 8 before, which held the W5 "
-        "LSTM's 32 rows to 4 threads",
+_define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 4, "rows (axis 0 of the states) per thread",
+        "measured on a 16-core Xeon (Emerald Rapids), the W5 LSTM's 32 rows (128 units) "
+        "pinned to N threads: 8 parts of 4 rows (8 threads) 2.8 ms, 16 parts of 2 rows "
+        "(16 threads) 3.1-3.8 ms in three runs, 4 parts of 8 rows 3.4 ms.  Each part runs "
+        "the whole loop over its rows, with no hand-off between steps, but its products "
+        "use a third of the packed tile's 6 rows at 2 rows, and each part is one more "
+        "hand-off holding the GIL (parts.run_parts); 8 before, which held W5 to 4 threads",
         "A loop whose step keeps its rows apart is split between threads only where each "
         "gets this many rows at least.")
 _define("SCAN_SPLIT_MIN_ELEMENTS", 1 << 19,

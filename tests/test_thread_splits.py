@@ -103,7 +103,7 @@ def _parts(kind, *counts):
 
 # The parts of each kernel (see jit_kernels.machine): compiled parts one per thread
 # where each gets tuning.PARTS_MIN_WORK (16K elements), parts of Python about
-# sqrt(work / tuning.PARTS_PYTHON_HANDOFF_WORK (32K)), a scan's rows 2 a part.
+# sqrt(work / tuning.PARTS_PYTHON_HANDOFF_WORK (32K)), a scan's rows 4 a part at least.
 EXPECTED_PARTS = {
     "packed 784": _parts("compiled", 1, 2, 3, 8),  # 784 x 512 weights: 401K items
     "packed 128": _parts("compiled", 1, 2, 3, 4),  # 64K items: 4 parts at most

@@ -675,8 +675,9 @@ def njit_cached_twins(**options):
 # --- calling a kernel through its address --------------------------------------
 
 # The kernels bound to symbols in this process (see by_address), both ways:
-# (module, qualified name, argument types) -> symbol, and symbol -> that key
-_bound_symbols, _bindings = {}, {}
+# (module, qualified name, argument types) -> symbol, and symbol -> that key;
+# and symbol -> (the kernel's code library, its function's name there)
+_bound_symbols, _bindings, _bound_code = {}, {}, {}
 _BY_ADDRESS_PREFIX = "numbackend_by_address."
 
 
@@ -699,7 +700,29 @@ def _bind_by_address(module, qualname, argument_types):
         symbol = f"{_BY_ADDRESS_PREFIX}{module}.{qualname}.{signature}"
         _llvm.add_symbol(symbol, result.library.get_pointer_to_function(result.fndesc.mangled_name))
         _bound_symbols[key], _bindings[symbol] = symbol, key
+        _bound_code[symbol] = (result.library, result.fndesc.mangled_name)
     return symbol
+
+
+def is_by_address_symbol(name):
+    """Whether ``name`` is a symbol through which compiled code calls a kernel
+    (:func:`by_address`)."""
+    return name.startswith(_BY_ADDRESS_PREFIX)
+
+
+def bound_kernel(symbol):
+    """(Numba code library, the name of the kernel's function in it) of the
+    kernel bound to ``symbol`` in this process (:func:`by_address`), for code
+    that must hold the kernel's code rather than call an address of this
+    process (numbackend's export links it in).  The library's
+    ``_get_module_for_linking()`` is that code as Numba links it into a caller
+    (its functions linkonce_odr), also for a kernel loaded from the cache,
+    whose entry keeps it.  LookupError where no kernel is bound to
+    ``symbol``."""
+    try:
+        return _bound_code[symbol]
+    except KeyError:
+        raise LookupError(f"bound_kernel: no kernel is bound to {symbol!r} in this process") from None
 
 
 def by_address_bindings(library):

@@ -46,19 +46,21 @@ _WINOGRAD_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6,
 @njit_cached(fastmath={'contract'}, **JIT_OPTIONS)
 def _winograd_kernel_transform(w, g, u):
     """u[6*xi + nu] = (G w G^T)[xi, nu] of w (3, 3, K), K = C*OC, over the K axis;
-    ``g`` is G (6, 3) in w's type."""
-    along_rows = np.empty((6, 3, w.shape[2]), w.dtype)
-    for xi in range(6):
+    ``g`` is G (6, 3) in w's type.  Each pass one loop over K per row of its
+    result, on 2-D arrays: the same sums written as loops over (xi, kx) of a
+    3-D array compiled to eight times the code."""
+    along_rows = np.empty((18, w.shape[2]), w.dtype)  # row 3*xi + kx: (G w)[xi, kx]
+    for row in range(18):
+        xi, kx = row // 3, row % 3
         g0, g1, g2 = g[xi, 0], g[xi, 1], g[xi, 2]
-        for kx in range(3):
-            for k in range(w.shape[2]):
-                along_rows[xi, kx, k] = g0 * w[0, kx, k] + g1 * w[1, kx, k] + g2 * w[2, kx, k]
-    for xi in range(6):
-        for nu in range(6):
-            g0, g1, g2 = g[nu, 0], g[nu, 1], g[nu, 2]
-            for k in range(w.shape[2]):
-                u[6 * xi + nu, k] = (g0 * along_rows[xi, 0, k] + g1 * along_rows[xi, 1, k]
-                                     + g2 * along_rows[xi, 2, k])
+        for k in range(w.shape[2]):
+            along_rows[row, k] = g0 * w[0, kx, k] + g1 * w[1, kx, k] + g2 * w[2, kx, k]
+    for row in range(36):
+        xi, nu = row // 6, row % 6
+        g0, g1, g2 = g[nu, 0], g[nu, 1], g[nu, 2]
+        for k in range(w.shape[2]):
+            u[row, k] = (g0 * along_rows[3 * xi, k] + g1 * along_rows[3 * xi + 1, k]
+                         + g2 * along_rows[3 * xi + 2, k])
 
 
 @njit_cached(**JIT_OPTIONS)

@@ -4,6 +4,9 @@ products by jit_kernels.packed's micro-kernel (OpenBLAS packs both operands
 of these small products on each call), chunk by chunk of bands (4 output rows
 of an image), or split between BLAS's threads as compiled parts
 (:mod:`parts`) that may also pool the outputs and run a compiled epilogue.
+The parts and :func:`winograd_forward` call the transforms, the products and
+the pooling through their addresses (compiling.by_address): each compiles
+once, not again inside every function calling it.
 """
 
 import collections
@@ -14,7 +17,7 @@ import numpy as np
 
 from . import blas, packed, parts, tuning
 from .columns import columns_times
-from .compiling import njit_cached
+from .compiling import by_address, njit_cached
 from .copying import copy_into
 from .pool import avg_pool_serial, block_finisher, max_pool_serial
 from .windows import JIT_OPTIONS, in_image_parts, zero_padded
@@ -271,6 +274,12 @@ def _winograd_scratch_size(blocks, channels, out_ch):
     return 36 * blocks * (channels + out_ch) + 36 * channels + 24 * out_ch
 
 
+# the steps of _winograd_bands, through their addresses (see the module's docstring)
+_inputs_by_address = by_address(_winograd_inputs)
+_matmul_each_by_address = by_address(packed.matmul_each)
+_outputs_by_address = by_address(_winograd_outputs)
+
+
 @njit_cached(**JIT_OPTIONS)
 def _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch):
     """Winograd's three steps for bands first..end-1 (see :func:`_winograd_inputs`)
@@ -285,10 +294,10 @@ def _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, ou
     in_scratch = scratch[v_size + m_size:v_size + m_size + 36 * channels].reshape(36, channels)
     out_scratch = scratch[v_size + m_size + 36 * channels:
                           v_size + m_size + 36 * channels + 24 * out_ch].reshape(24, out_ch)
-    _winograd_inputs(rows, width, tiles_h, tiles_w, first, v.reshape(36 * blocks, channels), in_scratch)
-    packed.matmul_each(v, u, m)
-    _winograd_outputs(m.reshape(36 * blocks, out_ch), tiles_h, tiles_w, out_h, out_w, first, out,
-                      out_scratch)
+    _inputs_by_address(rows, width, tiles_h, tiles_w, first, v.reshape(36 * blocks, channels), in_scratch)
+    _matmul_each_by_address(v, u, m)
+    _outputs_by_address(m.reshape(36 * blocks, out_ch), tiles_h, tiles_w, out_h, out_w, first, out,
+                        out_scratch)
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -313,6 +322,11 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
             max_pool_serial(source, target, (1, 2, 2), (1, 2, 2), (0, 0, 0))
         else:
             avg_pool_serial(source, target, (1, 2, 2), (1, 2, 2), (0, 0, 0))
+
+
+# what the compiled parts run, through their addresses
+_bands_by_address = by_address(_winograd_bands)
+_pool_bands_by_address = by_address(_pool_bands)
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -367,14 +381,14 @@ def _winograd_part_of(d, dtype):
         end = min(d[_D_END_BAND], first + d[_D_CHUNK])
         first_row, end_row = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
         out = parts.array_at(d[_D_OUT], (end_row, out_ch), dtype)[first_row:]
-        _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
+        _bands_by_address(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
         if epilogue.size and not d[_D_POOL_FIRST]:  # the epilogue, on these bands' outputs
             done = parts.array_at(d[_D_FINAL], (end_row, out_ch), dtype)[first_row:]
             parts.run_epilogue(epilogue, out, done)
             out = done
         if d[_D_POOL_MODE]:
             pooled = parts.array_at(d[_D_POOLED], (d[_D_POOLED_ROWS], out_ch), dtype)
-            _pool_bands(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
+            _pool_bands_by_address(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
             if epilogue.size and d[_D_POOL_FIRST]:  # the epilogue, on the pooled rows of these bands
                 lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
                 parts.run_epilogue(epilogue, pooled[lo:hi],
@@ -512,6 +526,12 @@ def _same_values(a, b):
     return not differ
 
 
+# what winograd_forward calls through their addresses: the code that Python's
+# callers (_winograd_kernels, winograd_in_parts) run, not a copy of it
+_kernel_transform_by_address = by_address(_winograd_kernel_transform)
+_descriptors_by_address = by_address(_winograd_descriptors)
+
+
 def kernel_transform(w):
     """The transform (36, C, OC) of the kernel w (3, 3, C, OC) that
     :func:`winograd_serial` reads."""
@@ -573,12 +593,11 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     if out_h % 4 or out_w % 4 or out_h < 4 or out_w < 4:
         raise ValueError("winograd_forward: the outputs are not whole 4x4 blocks")
     if not _same_values(kept, w):
-        _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype),
-                                   u.reshape(36, -1))
+        _kernel_transform_by_address(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u.reshape(36, -1))
         copy_into(kept, w)
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
-    descriptors, scratch = _winograd_descriptors(
+    descriptors, scratch = _descriptors_by_address(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
         pooled[:0], np.bool_(True))  # np.bool_: a literal would compile it once more

@@ -76,13 +76,15 @@ def _band_row(band, tiles_h, height, width):
 
 # The transforms multiply by 2, 4 and 8 as sums: a product with an integer
 # constant would be computed in float64 (Numba promotes float32 * int64), which
-# in the loops below meant conversions and half-width vectors.
-@njit_cached(inline='always')
+# in the loops below meant conversions and half-width vectors.  Plain calls,
+# which LLVM inlines into those loops: inlined by Numba (inline='always'), their
+# code was typed and lowered again at every call site.
+@njit_cached(**JIT_OPTIONS)
 def _twice(x):
     return x + x
 
 
-@njit_cached(inline='always')
+@njit_cached(**JIT_OPTIONS)
 def _b_transposed(d0, d1, d2, d3, d4, d5):
     """B^T times the six values (d0, ..., d5), in their own type."""
     return (_twice(_twice(d0 - d2)) - d2 + d4, d3 + d4 - _twice(_twice(d1 + d2)),
@@ -90,7 +92,7 @@ def _b_transposed(d0, d1, d2, d3, d4, d5):
             _twice(d1 - d3) - d2 + d4, _twice(_twice(d1 - d3)) - d3 + d5)
 
 
-@njit_cached(inline='always')
+@njit_cached(**JIT_OPTIONS)
 def _a_transposed(m0, m1, m2, m3, m4, m5):
     """A^T times the six values (m0, ..., m5), in their own type."""
     plus, minus = m1 + m2, m1 - m2

@@ -4,9 +4,10 @@ products by jit_kernels.packed's micro-kernel (OpenBLAS packs both operands
 of these small products on each call), chunk by chunk of bands (4 output rows
 of an image), or split between BLAS's threads as compiled parts
 (:mod:`parts`) that may also pool the outputs and run a compiled epilogue.
-The parts and :func:`winograd_forward` call the transforms, the products and
-the pooling through their addresses (compiling.by_address): each compiles
-once, not again inside every function calling it.
+The parts, :func:`winograd_forward` and :func:`winograd_serial` call the
+transforms, the products, the pooling and the parts' descriptors through their
+addresses (compiling.by_address): each compiles once, not again inside every
+function calling it.
 """
 
 import collections
@@ -528,8 +529,9 @@ def _same_values(a, b):
     return not differ
 
 
-# what winograd_forward calls through their addresses: the code that Python's
-# callers (_winograd_kernels, winograd_in_parts) run, not a copy of it
+# what winograd_forward and winograd_serial call through their addresses: the
+# code that Python's callers (_winograd_kernels, winograd_in_parts) run, not a
+# copy of it
 _kernel_transform_by_address = by_address(_winograd_kernel_transform)
 _descriptors_by_address = by_address(_winograd_descriptors)
 
@@ -554,6 +556,9 @@ def _parts_here(descriptors, x, arrays):
         _winograd_part_of(descriptors[i], x.dtype)
 
 
+_parts_here_by_address = by_address(_parts_here)
+
+
 @njit_cached(**JIT_OPTIONS)
 def winograd_serial(x, u, pool_mode, chunk):
     """(finite, y): :func:`winograd_forward` on the calling thread alone, for
@@ -567,12 +572,12 @@ def winograd_serial(x, u, pool_mode, chunk):
         raise ValueError("winograd_serial: the outputs are not whole 4x4 blocks")
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
-    descriptors, scratch = _winograd_descriptors(
+    descriptors, scratch = _descriptors_by_address(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         np.int64(1), chunk, pool_mode, pooled, np.zeros(0, np.int64), pooled[:0], np.bool_(True))
     if descriptors.shape[0] == 0 and batch > 0:
         return False, np.empty((0, 0, 0, 0), x.dtype)
-    _parts_here(descriptors, x, (x, out, pooled, scratch))
+    _parts_here_by_address(descriptors, x, (x, out, pooled, scratch))
     if pool_mode:
         return True, pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
     return True, out.reshape(batch, out_h, out_w, out_ch)

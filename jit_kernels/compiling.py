@@ -477,8 +477,10 @@ class KernelCache(_FunctionCache):
     :func:`_compiled_folders`: the seeds first, then the writable one.  It
     holds a hash of its contents and the key itself, both checked when it is
     read: an entry cut short, garbled, or another's is compiled again (after a
-    warning), never loaded.  Saves go through a temporary file of a unique
-    name renamed over the entry, so concurrent writers each leave a whole one.
+    warning), never loaded.  It also names the kernels its code calls through
+    :func:`by_address`, bound before the code is loaded.  Saves go through a
+    temporary file of a unique name renamed over the entry, so concurrent
+    writers each leave a whole one.
 
     A load does not refresh Numba's registries: on the first load of a process
     that imports and installs every typing and lowering registry, though loaded
@@ -541,9 +543,11 @@ class KernelCache(_FunctionCache):
                 data[len(_ENTRY_MAGIC):len(_ENTRY_MAGIC) + 32] != _hashlib.sha256(body).digest():
             return self._unreadable(path, "its contents do not match their hash", writable)
         try:
-            stored_key, payload = pickle.loads(body)
+            stored_key, bindings, payload = pickle.loads(body)
             if stored_key != key:
                 return self._unreadable(path, "it holds another function's code", writable)
+            for binding in bindings:  # before the code is loaded: it calls these symbols
+                _bind_by_address(*binding)
             return self._impl.rebuild(target_context, payload)
         except Exception as error:  # noqa: BLE001 - any entry that cannot be rebuilt: compile instead
             return self._unreadable(path, f"{type(error).__name__}: {error}", writable)
@@ -567,7 +571,8 @@ class KernelCache(_FunctionCache):
             return
         from numba.core.serialize import dumps
         key, name = self._entry_key(sig, data.codegen)
-        body = dumps((key, self._impl.reduce(data)))
+        payload = self._impl.reduce(data)  # the code whole: its callees' linked in
+        body = dumps((key, by_address_bindings(data.library), payload))
         try:
             write_atomically(_os.path.join(folder, name),
                              _ENTRY_MAGIC + _hashlib.sha256(body).digest() + body)
@@ -665,3 +670,117 @@ def njit_cached_twins(**options):
         parallel.serial = njit_cached(**options)(twin)
         return parallel
     return decorate
+
+
+# --- calling a kernel through its address --------------------------------------
+
+# The kernels bound to symbols in this process (see by_address), both ways:
+# (module, qualified name, argument types) -> symbol, and symbol -> that key;
+# and symbol -> (the kernel's code library, its function's name there)
+_bound_symbols, _bindings, _bound_code = {}, {}, {}
+_BY_ADDRESS_PREFIX = "numbackend_by_address."
+
+
+def _bind_by_address(module, qualname, argument_types):
+    """Compile or load the kernel ``module.qualname`` for ``argument_types`` and
+    bind the address of its compiled code to a symbol of that kernel and
+    signature, whose name this returns; once per process for each.  Run when a
+    caller compiles (:func:`by_address`), and before a cached caller is loaded
+    (:meth:`KernelCache._load_entry`)."""
+    key = (module, qualname, argument_types)
+    symbol = _bound_symbols.get(key)
+    if symbol is None:
+        import importlib
+        kernel = importlib.import_module(module)
+        for name in qualname.split("."):
+            kernel = getattr(kernel, name)
+        kernel.compile(argument_types)
+        result = kernel.overloads[argument_types]
+        signature = _hashlib.sha256(repr(argument_types).encode()).hexdigest()[:16]
+        symbol = f"{_BY_ADDRESS_PREFIX}{module}.{qualname}.{signature}"
+        _llvm.add_symbol(symbol, result.library.get_pointer_to_function(result.fndesc.mangled_name))
+        _bound_symbols[key], _bindings[symbol] = symbol, key
+        _bound_code[symbol] = (result.library, result.fndesc.mangled_name)
+    return symbol
+
+
+def is_by_address_symbol(name):
+    """Whether ``name`` is a symbol through which compiled code calls a kernel
+    (:func:`by_address`)."""
+    return name.startswith(_BY_ADDRESS_PREFIX)
+
+
+def bound_kernel(symbol):
+    """(Numba code library, the name of the kernel's function in it) of the
+    kernel bound to ``symbol`` in this process (:func:`by_address`), for code
+    that must hold the kernel's code rather than call an address of this
+    process (numbackend's export links it in).  The library's
+    ``_get_module_for_linking()`` is that code as Numba links it into a caller
+    (its functions linkonce_odr), also for a kernel loaded from the cache,
+    whose entry keeps it.  LookupError where no kernel is bound to
+    ``symbol``."""
+    try:
+        return _bound_code[symbol]
+    except KeyError:
+        raise LookupError(f"bound_kernel: no kernel is bound to {symbol!r} in this process") from None
+
+
+def by_address_bindings(library):
+    """The (module, qualified name, argument types) of each kernel that the
+    compiled code of ``library`` (a Numba code library, finalised: its
+    callees' code linked in) calls through :func:`by_address`: saved with it
+    in the cache, and bound before it is loaded again."""
+    symbols = _re.findall(r'^declare [^\n]*@"?(' + _re.escape(_BY_ADDRESS_PREFIX) + r'[^"(]+)"?\(',
+                          library.get_llvm_str(), _re.MULTILINE)
+    return [_bindings[symbol] for symbol in sorted(set(symbols))]
+
+
+def by_address(kernel):
+    """``kernel`` (a dispatcher of :func:`njit_cached`) for compiled callers, called
+    through its address rather than compiled into each of them.
+
+    Numba compiles a caller together with the code of every kernel it calls
+    (see ARCHITECTURE.md, Keeping compiles short), so a small function calling
+    large kernels took as long to compile as all of them, and a kernel called
+    from several callers was compiled again in each.  In compiled code,
+    ``by_address(kernel)(*args)`` compiles (or loads) ``kernel`` for the
+    arguments' types, as a direct call does, and calls that compiled code
+    through a symbol bound to its address in this process
+    (:func:`_bind_by_address`); the cache entry of a caller (or of a caller of
+    a caller: the code of a direct callee is part of its own) names the
+    kernels it so calls, which are bound again before it is loaded.  The call
+    follows Numba's own calling convention: the result, and an exception
+    raised in ``kernel``, reach the caller as from a direct call.  The price:
+    the two are not optimised together (no inlining across the call), so
+    small helpers in hot loops stay direct calls.  Under NUMBA_DISABLE_JIT,
+    ``kernel`` itself.
+    """
+    if not hasattr(kernel, "py_func"):
+        return kernel
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    module, qualname = kernel.py_func.__module__, kernel.py_func.__qualname__
+
+    @intrinsic
+    def call(typingctx, *args):
+        signature = typingctx.resolve_function_type(types.Dispatcher(kernel), args, {})
+        if signature is None:
+            return None
+        argument_types = tuple(signature.args)
+
+        def codegen(context, builder, call_signature, call_args):
+            symbol = _bind_by_address(module, qualname, argument_types)
+            values = [context.cast(builder, value, given, expected) for value, given, expected in
+                      zip(cgutils.unpack_tuple(builder, call_args[0]), args, argument_types)]
+            function_type = context.call_conv.get_function_type(signature.return_type, argument_types)
+            function = cgutils.get_or_insert_function(builder.module, function_type, symbol)
+            status, result = context.call_conv.call_function(builder, function, signature.return_type,
+                                                             argument_types, values)
+            with cgutils.if_unlikely(builder, status.is_error):
+                context.call_conv.return_status_propagate(builder, status)
+            return result
+
+        return signature.return_type(types.StarArgTuple.from_types(args)), codegen
+
+    return call

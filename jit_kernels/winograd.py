@@ -4,6 +4,10 @@ products by jit_kernels.packed's micro-kernel (OpenBLAS packs both operands
 of these small products on each call), chunk by chunk of bands (4 output rows
 of an image), or split between BLAS's threads as compiled parts
 (:mod:`parts`) that may also pool the outputs and run a compiled epilogue.
+The parts, :func:`winograd_forward` and :func:`winograd_serial` call the
+transforms, the products, the pooling and the parts' descriptors through their
+addresses (compiling.by_address): each compiles once, not again inside every
+function calling it.
 """
 
 import collections
@@ -14,7 +18,7 @@ import numpy as np
 
 from . import blas, packed, parts, tuning
 from .columns import columns_times
-from .compiling import njit_cached
+from .compiling import by_address, njit_cached
 from .copying import copy_into
 from .pool import avg_pool_serial, block_finisher, max_pool_serial
 from .windows import JIT_OPTIONS, in_image_parts, zero_padded
@@ -46,19 +50,21 @@ _WINOGRAD_G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6,
 @njit_cached(fastmath={'contract'}, **JIT_OPTIONS)
 def _winograd_kernel_transform(w, g, u):
     """u[6*xi + nu] = (G w G^T)[xi, nu] of w (3, 3, K), K = C*OC, over the K axis;
-    ``g`` is G (6, 3) in w's type."""
-    along_rows = np.empty((6, 3, w.shape[2]), w.dtype)
-    for xi in range(6):
+    ``g`` is G (6, 3) in w's type.  Each pass one loop over K per row of its
+    result, on 2-D arrays: the same sums written as loops over (xi, kx) of a
+    3-D array compiled to eight times the code."""
+    along_rows = np.empty((18, w.shape[2]), w.dtype)  # row 3*xi + kx: (G w)[xi, kx]
+    for row in range(18):
+        xi, kx = row // 3, row % 3
         g0, g1, g2 = g[xi, 0], g[xi, 1], g[xi, 2]
-        for kx in range(3):
-            for k in range(w.shape[2]):
-                along_rows[xi, kx, k] = g0 * w[0, kx, k] + g1 * w[1, kx, k] + g2 * w[2, kx, k]
-    for xi in range(6):
-        for nu in range(6):
-            g0, g1, g2 = g[nu, 0], g[nu, 1], g[nu, 2]
-            for k in range(w.shape[2]):
-                u[6 * xi + nu, k] = (g0 * along_rows[xi, 0, k] + g1 * along_rows[xi, 1, k]
-                                     + g2 * along_rows[xi, 2, k])
+        for k in range(w.shape[2]):
+            along_rows[row, k] = g0 * w[0, kx, k] + g1 * w[1, kx, k] + g2 * w[2, kx, k]
+    for row in range(36):
+        xi, nu = row // 6, row % 6
+        g0, g1, g2 = g[nu, 0], g[nu, 1], g[nu, 2]
+        for k in range(w.shape[2]):
+            u[row, k] = (g0 * along_rows[3 * xi, k] + g1 * along_rows[3 * xi + 1, k]
+                         + g2 * along_rows[3 * xi + 2, k])
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -71,13 +77,15 @@ def _band_row(band, tiles_h, height, width):
 
 # The transforms multiply by 2, 4 and 8 as sums: a product with an integer
 # constant would be computed in float64 (Numba promotes float32 * int64), which
-# in the loops below meant conversions and half-width vectors.
-@njit_cached(inline='always')
+# in the loops below meant conversions and half-width vectors.  Plain calls,
+# which LLVM inlines into those loops: inlined by Numba (inline='always'), their
+# code was typed and lowered again at every call site.
+@njit_cached(**JIT_OPTIONS)
 def _twice(x):
     return x + x
 
 
-@njit_cached(inline='always')
+@njit_cached(**JIT_OPTIONS)
 def _b_transposed(d0, d1, d2, d3, d4, d5):
     """B^T times the six values (d0, ..., d5), in their own type."""
     return (_twice(_twice(d0 - d2)) - d2 + d4, d3 + d4 - _twice(_twice(d1 + d2)),
@@ -85,7 +93,7 @@ def _b_transposed(d0, d1, d2, d3, d4, d5):
             _twice(d1 - d3) - d2 + d4, _twice(_twice(d1 - d3)) - d3 + d5)
 
 
-@njit_cached(inline='always')
+@njit_cached(**JIT_OPTIONS)
 def _a_transposed(m0, m1, m2, m3, m4, m5):
     """A^T times the six values (m0, ..., m5), in their own type."""
     plus, minus = m1 + m2, m1 - m2
@@ -269,6 +277,12 @@ def _winograd_scratch_size(blocks, channels, out_ch):
     return 36 * blocks * (channels + out_ch) + 36 * channels + 24 * out_ch
 
 
+# the steps of _winograd_bands, through their addresses (see the module's docstring)
+_inputs_by_address = by_address(_winograd_inputs)
+_matmul_each_by_address = by_address(packed.matmul_each)
+_outputs_by_address = by_address(_winograd_outputs)
+
+
 @njit_cached(**JIT_OPTIONS)
 def _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch):
     """Winograd's three steps for bands first..end-1 (see :func:`_winograd_inputs`)
@@ -283,10 +297,10 @@ def _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, ou
     in_scratch = scratch[v_size + m_size:v_size + m_size + 36 * channels].reshape(36, channels)
     out_scratch = scratch[v_size + m_size + 36 * channels:
                           v_size + m_size + 36 * channels + 24 * out_ch].reshape(24, out_ch)
-    _winograd_inputs(rows, width, tiles_h, tiles_w, first, v.reshape(36 * blocks, channels), in_scratch)
-    packed.matmul_each(v, u, m)
-    _winograd_outputs(m.reshape(36 * blocks, out_ch), tiles_h, tiles_w, out_h, out_w, first, out,
-                      out_scratch)
+    _inputs_by_address(rows, width, tiles_h, tiles_w, first, v.reshape(36 * blocks, channels), in_scratch)
+    _matmul_each_by_address(v, u, m)
+    _outputs_by_address(m.reshape(36 * blocks, out_ch), tiles_h, tiles_w, out_h, out_w, first, out,
+                        out_scratch)
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -311,6 +325,11 @@ def _pool_bands(out, first, end, tiles_h, out_h, out_w, mode, pooled):
             max_pool_serial(source, target, (1, 2, 2), (1, 2, 2), (0, 0, 0))
         else:
             avg_pool_serial(source, target, (1, 2, 2), (1, 2, 2), (0, 0, 0))
+
+
+# what the compiled parts run, through their addresses
+_bands_by_address = by_address(_winograd_bands)
+_pool_bands_by_address = by_address(_pool_bands)
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -365,14 +384,14 @@ def _winograd_part_of(d, dtype):
         end = min(d[_D_END_BAND], first + d[_D_CHUNK])
         first_row, end_row = _band_row(first, tiles_h, out_h, out_w), _band_row(end, tiles_h, out_h, out_w)
         out = parts.array_at(d[_D_OUT], (end_row, out_ch), dtype)[first_row:]
-        _winograd_bands(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
+        _bands_by_address(rows, width, tiles_h, tiles_w, first, end, u, out, out_h, out_w, scratch)
         if epilogue.size and not d[_D_POOL_FIRST]:  # the epilogue, on these bands' outputs
             done = parts.array_at(d[_D_FINAL], (end_row, out_ch), dtype)[first_row:]
             parts.run_epilogue(epilogue, out, done)
             out = done
         if d[_D_POOL_MODE]:
             pooled = parts.array_at(d[_D_POOLED], (d[_D_POOLED_ROWS], out_ch), dtype)
-            _pool_bands(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
+            _pool_bands_by_address(out, first, end, tiles_h, out_h, out_w, d[_D_POOL_MODE], pooled)
             if epilogue.size and d[_D_POOL_FIRST]:  # the epilogue, on the pooled rows of these bands
                 lo, hi = _pooled_row(first, tiles_h, out_h, out_w), _pooled_row(end, tiles_h, out_h, out_w)
                 parts.run_epilogue(epilogue, pooled[lo:hi],
@@ -510,6 +529,13 @@ def _same_values(a, b):
     return not differ
 
 
+# what winograd_forward and winograd_serial call through their addresses: the
+# code that Python's callers (_winograd_kernels, winograd_in_parts) run, not a
+# copy of it
+_kernel_transform_by_address = by_address(_winograd_kernel_transform)
+_descriptors_by_address = by_address(_winograd_descriptors)
+
+
 def kernel_transform(w):
     """The transform (36, C, OC) of the kernel w (3, 3, C, OC) that
     :func:`winograd_serial` reads."""
@@ -530,6 +556,9 @@ def _parts_here(descriptors, x, arrays):
         _winograd_part_of(descriptors[i], x.dtype)
 
 
+_parts_here_by_address = by_address(_parts_here)
+
+
 @njit_cached(**JIT_OPTIONS)
 def winograd_serial(x, u, pool_mode, chunk):
     """(finite, y): :func:`winograd_forward` on the calling thread alone, for
@@ -543,12 +572,12 @@ def winograd_serial(x, u, pool_mode, chunk):
         raise ValueError("winograd_serial: the outputs are not whole 4x4 blocks")
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
-    descriptors, scratch = _winograd_descriptors(
+    descriptors, scratch = _descriptors_by_address(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         np.int64(1), chunk, pool_mode, pooled, np.zeros(0, np.int64), pooled[:0], np.bool_(True))
     if descriptors.shape[0] == 0 and batch > 0:
         return False, np.empty((0, 0, 0, 0), x.dtype)
-    _parts_here(descriptors, x, (x, out, pooled, scratch))
+    _parts_here_by_address(descriptors, x, (x, out, pooled, scratch))
     if pool_mode:
         return True, pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
     return True, out.reshape(batch, out_h, out_w, out_ch)
@@ -571,12 +600,11 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
     if out_h % 4 or out_w % 4 or out_h < 4 or out_w < 4:
         raise ValueError("winograd_forward: the outputs are not whole 4x4 blocks")
     if not _same_values(kept, w):
-        _winograd_kernel_transform(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype),
-                                   u.reshape(36, -1))
+        _kernel_transform_by_address(w.reshape(3, 3, -1), _WINOGRAD_G.astype(w.dtype), u.reshape(36, -1))
         copy_into(kept, w)
     out = np.empty((batch * out_h * out_w, out_ch), x.dtype)
     pooled = np.empty((batch * (out_h // 2) * (out_w // 2) if pool_mode else 0, out_ch), x.dtype)
-    descriptors, scratch = _winograd_descriptors(
+    descriptors, scratch = _descriptors_by_address(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
         pooled[:0], np.bool_(True))  # np.bool_: a literal would compile it once more

@@ -8,7 +8,8 @@ same library through ``model.h``.  It holds
   the plan written as one Numba function (the whole call's lines,
   compiled_plan.render_export) of int64 arguments (the rows of a chunk, the
   address of a table of array addresses), compiled with every kernel it calls
-  into one LLVM module, that module emitted as an object file for the chosen
+  into one LLVM module (those it calls through their addresses linked in
+  too), that module emitted as an object file for the chosen
   CPU target, and linked by the system's C compiler with
   ``export_files/shim.c`` (Numba's allocation, the BLAS names, the weights
   file, chunks and threads, error codes);
@@ -488,8 +489,9 @@ def _plan_source(program, rendered, inputs, outputs, held, scalars):
 
 
 def _compile(source):
-    """(Numba's code library of the plan, with every callee linked in; the
-    plan's symbol in it)."""
+    """(Numba's code library of the plan, with every callee linked in but those
+    called by address, which :func:`_object_code` links; the plan's symbol in
+    it)."""
     from numba import types as numba_types
     from numba.core.errors import NumbaError
     name = "numbackend_export_" + hashlib.sha256(source.encode()).hexdigest()[:16]
@@ -510,12 +512,14 @@ def _compile(source):
 
 
 def _object_code(library, name, cpu, features):
-    """The plan's function and all it calls as an object file for ``cpu`` and
-    ``features``, its symbol PLAN_SYMBOL, nothing else exported.  ExportError
+    """The plan's function and all it calls (the kernels called by address
+    linked in) as an object file for ``cpu`` and ``features``, its symbol
+    PLAN_SYMBOL, nothing else exported.  ExportError
     where it needs a symbol that neither the shim nor libc/libm defines (an
     address of this process: parts on OpenBLAS's pool)."""
     import llvmlite.binding as llvm
     module = llvm.parse_assembly(library.get_llvm_str())
+    _link_kernels_by_address(module)
     for function in module.functions:
         if function.is_declaration:
             continue
@@ -544,6 +548,34 @@ def _object_code(library, name, cpu, features):
                           "into Python)")
     module.verify()
     return machine.emit_object(module)
+
+
+def _link_kernels_by_address(module):
+    """Link into ``module`` (the plan's LLVM module) the code of every kernel
+    that its code calls through jit_kernels.compiling.by_address, and of those
+    that these call so, until it calls no such symbol: each is bound to an
+    address of this process, which a library of its own cannot call.  Each
+    kernel's code comes in as Numba links it into a caller, with the kernel's
+    function named as the symbol, so that every call of the symbol, in code
+    linked already or later, resolves to it."""
+    import llvmlite.binding as llvm
+
+    from jit_kernels import compiling
+    while True:
+        symbols = [f.name for f in module.functions
+                   if f.is_declaration and compiling.is_by_address_symbol(f.name)]
+        if not symbols:
+            return
+        for symbol in symbols:
+            library, name = compiling.bound_kernel(symbol)
+            # a copy: Numba links the same module into the kernel's later callers
+            code = llvm.parse_bitcode(library._get_module_for_linking().as_bitcode())
+            kernel = code.get_function(name)
+            kernel.name = symbol
+            if kernel.name != symbol:  # LLVM renamed it: the code declares the symbol itself
+                raise ExportError(f"export: the kernel {name} calls itself through its address "
+                                  f"({symbol}), which an export cannot link")
+            module.link_in(code)
 
 
 def _compiler():

@@ -16,10 +16,12 @@ import subprocess
 import sys
 import textwrap
 
+import numba
 import numpy as np
 import pytest
 
 import numbackend as K
+from jit_kernels.compiling import by_address
 from numbackend.exporting import ExportError, cpu_flags
 
 if not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
@@ -658,6 +660,16 @@ def test_pooled_convolution_paths(path, tmp_path, tune):
     f = K.function([x], [y])
     folder = tmp_path / f"conv_{path}"
     K.export(f, str(folder))
+    if path == "winograd" and shutil.which("nm"):
+        # Winograd's kernels call one another through symbols bound to addresses
+        # of the exporting process: the library holds their code instead
+        library = str(folder / "model.so")
+        defined = subprocess.run(["nm", "--defined-only", library], check=True, capture_output=True,
+                                 text=True).stdout
+        undefined = subprocess.run(["nm", "-D", "--undefined-only", library], check=True,
+                                   capture_output=True, text=True).stdout
+        assert "numbackend_by_address.jit_kernels.winograd._winograd_bands." in defined
+        assert "numbackend_by_address" not in undefined
     images = rng.standard_normal((64, 10, 10, 16)).astype(np.float32)
     images[40, 3, 4, 5] = np.inf
     got = predict_in_subprocess(folder, images, tmp_path)
@@ -679,6 +691,62 @@ def assert_no_avx512(library):
                           capture_output=True, text=True).stdout
     wide = re.findall(r"^.*(?:%zmm|%k[1-7]|\{1to).*$", code, re.MULTILINE)
     assert not wide, wide[:5]
+
+
+@numba.njit
+def _three_x_plus_one(x):
+    if x < 0:
+        raise ValueError("_three_x_plus_one: x must not be negative")
+    return 3.0 * x + 1.0
+
+
+_three_x_plus_one_by_address = by_address(_three_x_plus_one)
+
+
+@numba.njit
+def _twice_three_x_plus_one(x):
+    return 2.0 * _three_x_plus_one_by_address(x)
+
+
+_twice_by_address = by_address(_twice_three_x_plus_one)
+
+
+@numba.njit
+def _calls_by_address_and_directly(x):
+    # a kernel called by address from one called by address, and one called
+    # both by address and directly
+    return _twice_by_address(x) + _three_x_plus_one_by_address(x) + _three_x_plus_one(x)
+
+
+def test_kernels_called_by_address_are_linked_into_the_plans_module():
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    from numbackend.exporting import _link_kernels_by_address
+    assert _calls_by_address_and_directly(2.0) == 4 * (3 * 2.0 + 1)  # compiled here
+    compiled = _calls_by_address_and_directly.overloads[_calls_by_address_and_directly.signatures[0]]
+    module = llvm.parse_assembly(compiled.library.get_llvm_str())
+    declared = {f.name for f in module.functions if f.is_declaration}
+    assert any(name.startswith("numbackend_by_address.") for name in declared)
+    _link_kernels_by_address(module)
+    module.verify()
+    assert not [f.name for f in module.functions
+                if f.is_declaration and f.name.startswith("numbackend_by_address.")]
+    # run the linked module's code (Numba's calling convention: the status
+    # returned; pointers to the result and to the exception's record)
+    for function in module.functions:
+        if not function.is_declaration and function.name != compiled.fndesc.mangled_name:
+            function.linkage = "internal"
+    engine = llvm.create_mcjit_compiler(module, llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    call = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_void_p),
+                            ctypes.c_double)(engine.get_function_address(compiled.fndesc.mangled_name))
+    result, exception = ctypes.c_double(), ctypes.c_void_p()
+    assert call(ctypes.byref(result), ctypes.byref(exception), 2.5) == 0
+    assert result.value == 4 * (3 * 2.5 + 1)
+    assert call(ctypes.byref(result), ctypes.byref(exception), -1.0) != 0  # the kernel's raise
+    assert exception.value
 
 
 def test_a_serial_build_gives_the_same_bits(mlp, tmp_path):

@@ -14,9 +14,10 @@ loop.  Each kernel module holds a parallel and a serial entry point with the
 same body, and ``run``, plain Python, which checks the shapes, allocates the
 outputs and calls one entry point by the work; Numba compiles only the one used.
 ``run_serial`` is ``run`` for compiled callers (a scan's loop over time),
-compiled only when one calls it, with the serial loop alone, which it calls
-through its address (jit_kernels.compiling.by_address: compiled once, not
-again inside run_serial; compiled callers call run_serial so too).  Numba crashes
+compiled only when one calls it, with the serial loop alone.  Compiled
+callers call it through its address (jit_kernels.compiling.by_address); it
+calls kernel_ser directly, which LLVM inlines: called through its address, a
+loop with many array arguments slowed small steps (an LSTM at batch 1).  Numba crashes
 loading a cached function that calls, through another cached function, a
 parallel one (the scan loop's cache, in the next process).
 
@@ -155,7 +156,6 @@ def generate_source(spec, into=False):
     emit("import numpy as np")
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached, parallel_ok")
-    emit("from jit_kernels.compiling import by_address")
     if into:
         emit("from jit_kernels import parts")
     if "vm." in text:
@@ -195,11 +195,6 @@ def generate_source(spec, into=False):
         emit(f"def kernel_{variant}({args}):")
         for line in body:
             emit("    " + line.replace("PRANGE", loop))
-    # run_serial calls the loop through its address: compiled on its own, not
-    # again inside run_serial (see jit_kernels.compiling.by_address)
-    emit("")
-    emit("")
-    emit("kernel_ser_by_address = by_address(kernel_ser)")
     return "\n".join(lines) + "\n"
 
 
@@ -284,8 +279,7 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
         # R and C as int64, not as literals where the domain's dims are constants:
         # a literal would compile kernel_ser a second time, for compiled callers
         # alone (Numba specialises a call on its literal arguments)
-        kernel = "kernel_ser" if into else "kernel_ser_by_address"
-        emit(f"{kernel}({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
+        emit(f"kernel_ser({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
     else:
         work = f"R * C * {work_per_element(spec)}"
         emit(f"if {work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok():")

@@ -22,16 +22,17 @@ import numpy as np
 
 from . import codegen, graph, program
 
-# The generated module's first lines.  Its calls of library kernels
-# (blas.matmul, packed.matmul_packed, conv.winograd_forward...) and of other
+# The generated module's first lines.  Its calls of large library kernels
+# (packed's products, and conv's, pool's... where imported) and of other
 # generated modules' functions go through their addresses
 # (jit_kernels.compiling.by_address): each compiles once, on its own, rather
-# than again inside every loop and whole call; parts.array_at, meant to be
-# inlined, stays a direct call.
+# than again inside every loop and whole call.  blas's and copying's thin
+# wrappers (of a BLAS call, of a copy loop) and parts.array_at stay direct
+# calls: through an address, their calls at every step cost more than their
+# compile.
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from jit_kernels.compiling import by_address, by_address_module",
           "from numbackend.codegen import loaded_kernel", "",
-          "blas = by_address_module(blas)", "copying = by_address_module(copying)",
           "packed = by_address_module(packed)", ""]
 
 

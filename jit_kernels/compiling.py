@@ -22,6 +22,7 @@ import sys as _sys
 import tempfile as _tempfile
 import types as _types
 import warnings as _warnings
+import weakref as _weakref
 
 
 def _apply_cpu_target():
@@ -689,19 +690,56 @@ def _bind_by_address(module, qualname, argument_types):
     (:meth:`KernelCache._load_entry`)."""
     key = (module, qualname, argument_types)
     symbol = _bound_symbols.get(key)
-    if symbol is None:
-        import importlib
-        kernel = importlib.import_module(module)
-        for name in qualname.split("."):
-            kernel = getattr(kernel, name)
+    # bound again where the kernel's code was freed (a generated module dropped
+    # and loaded again): the code of the first binding stays in memory (Numba
+    # never unloads machine code), but the export needs a code library of it
+    if symbol is None or _bound_code[symbol][0]() is None:
+        kernel = _kernel_named(module, qualname)
         kernel.compile(argument_types)
         result = kernel.overloads[argument_types]
         signature = _hashlib.sha256(repr(argument_types).encode()).hexdigest()[:16]
         symbol = f"{_BY_ADDRESS_PREFIX}{module}.{qualname}.{signature}"
         _llvm.add_symbol(symbol, result.library.get_pointer_to_function(result.fndesc.mangled_name))
         _bound_symbols[key], _bindings[symbol] = symbol, key
-        _bound_code[symbol] = (result.library, result.fndesc.mangled_name)
+        # weakly: a generated module's code is freed with the module
+        _bound_code[symbol] = (_weakref.ref(result.library), result.fndesc.mangled_name)
     return symbol
+
+
+def _kernel_named(module, qualname):
+    """The kernel ``module.qualname`` (see :func:`_module_named`)."""
+    kernel = _module_named(module)
+    for name in qualname.split("."):
+        kernel = getattr(kernel, name)
+    return kernel
+
+
+# {prefix of a module's name: a function loading the module of that name} for
+# modules that are not imported by name (see register_module_loader)
+_module_loaders = {}
+
+
+def register_module_loader(prefix, load):
+    """Have :func:`by_address` find a module whose name starts with ``prefix``
+    through ``load(name)`` (which returns the module, or raises LookupError)
+    where it is not in ``sys.modules``: numbackend's generated kernel modules,
+    which it runs from source rather than imports, register their loader so
+    that a cached caller of one of their kernels can be bound in a new
+    process."""
+    _module_loaders[prefix] = load
+
+
+def _module_named(name):
+    """The module ``name``: loaded already, else through a loader registered for
+    its name (:func:`register_module_loader`), else imported."""
+    module = _sys.modules.get(name)
+    if module is not None:
+        return module
+    for prefix, load in _module_loaders.items():
+        if name.startswith(prefix):
+            return load(name)
+    import importlib
+    return importlib.import_module(name)
 
 
 def is_by_address_symbol(name):
@@ -719,10 +757,10 @@ def bound_kernel(symbol):
     (its functions linkonce_odr), also for a kernel loaded from the cache,
     whose entry keeps it.  LookupError where no kernel is bound to
     ``symbol``."""
-    try:
-        return _bound_code[symbol]
-    except KeyError:
-        raise LookupError(f"bound_kernel: no kernel is bound to {symbol!r} in this process") from None
+    library, name = _bound_code.get(symbol, (lambda: None, None))
+    if library() is None:
+        raise LookupError(f"bound_kernel: no kernel is bound to {symbol!r} in this process")
+    return library(), name
 
 
 def by_address_bindings(library):
@@ -762,8 +800,12 @@ def by_address(kernel):
     from numba.extending import intrinsic
     module, qualname = kernel.py_func.__module__, kernel.py_func.__qualname__
 
+    # The intrinsic lives as long as the process (Numba registers it for good):
+    # it finds the kernel by name, so that a generated module's kernel is freed
+    # with its module
     @intrinsic
     def call(typingctx, *args):
+        kernel = _kernel_named(module, qualname)
         signature = typingctx.resolve_function_type(types.Dispatcher(kernel), args, {})
         if signature is None:
             return None
@@ -783,4 +825,33 @@ def by_address(kernel):
 
         return signature.return_type(types.StarArgTuple.from_types(args)), codegen
 
+    call.kernel = _weakref.ref(kernel)  # what it calls, for checks of compiled callers' calls
     return call
+
+
+@_functools.cache
+def by_address_module(module):
+    """``module`` (a module of kernels, such as jit_kernels.packed) as generated
+    callers name it: a module of the same names in which each compiled kernel
+    is ``by_address(kernel)`` and every other name (constants, functions of
+    plain Python, helpers declared ``inline='always'``, which are meant to be
+    compiled into their callers) is the module's own.  A generated caller's
+    ``packed.matmul_packed(...)`` then calls the kernel through its address.
+    One per module."""
+    from numba.core.dispatcher import Dispatcher
+    view = _types.ModuleType(module.__name__, module.__doc__)
+    for name, value in vars(module).items():
+        if (isinstance(value, Dispatcher) and value.targetoptions.get("inline", "never") == "never"
+                and _found_by_name(value)):
+            value = by_address(value)
+        setattr(view, name, value)
+    return view
+
+
+def _found_by_name(kernel):
+    """Whether ``kernel`` is found by its module's and qualified name, as
+    :func:`by_address` finds it (a twin's serial dispatcher is not)."""
+    try:
+        return _kernel_named(kernel.py_func.__module__, kernel.py_func.__qualname__) is kernel
+    except (AttributeError, ImportError, LookupError):
+        return False

@@ -14,7 +14,10 @@ loop.  Each kernel module holds a parallel and a serial entry point with the
 same body, and ``run``, plain Python, which checks the shapes, allocates the
 outputs and calls one entry point by the work; Numba compiles only the one used.
 ``run_serial`` is ``run`` for compiled callers (a scan's loop over time),
-compiled only when one calls it, with the serial loop alone: Numba crashes
+compiled only when one calls it, with the serial loop alone.  Compiled
+callers call it through its address (jit_kernels.compiling.by_address); it
+calls kernel_ser directly, which LLVM inlines: called through its address, a
+loop with many array arguments slowed small steps (an LSTM at batch 1).  Numba crashes
 loading a cached function that calls, through another cached function, a
 parallel one (the scan loop's cache, in the next process).
 
@@ -27,6 +30,7 @@ only when its bytes are the source's, and the module always runs from the
 source in hand (see :func:`load_kernel`).
 """
 import collections
+import contextlib
 import hashlib
 import os
 import sys
@@ -40,7 +44,7 @@ from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 11
+CODEGEN_VERSION = 12
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -475,16 +479,25 @@ def numba_error():
     return NumbaError
 
 
+_MODULE_PREFIX = "numbackend_kernels.k_"
+
+
+def _source_key(source):
+    """The key of a generated module's source: part of its module's and file's names."""
+    return hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
+
+
 def load_kernel(source):
     """The module for ``source`` (a kernel's or a scan loop's): from memory, else
     run from ``source`` with its file in the cache folder beside it for Numba's
     cache (see :func:`_cached_file`); without it where it cannot be written."""
-    key = hashlib.sha256(f"v{CODEGEN_VERSION}\n{source}".encode()).hexdigest()[:24]
+    _register_loader()
+    key = _source_key(source)
     module = _recall(key)
     if module is not None:
         return module
     path = _cached_file(key, source)
-    name = f"numbackend_kernels.k_{key}"
+    name = f"{_MODULE_PREFIX}{key}"
     module = types.ModuleType(name)
     # Run from the source in hand, never from the file read back, which could have
     # changed since it was checked (and Python's bytecode cache of it be stale).
@@ -497,6 +510,47 @@ def load_kernel(source):
     _remember(key, module)
     stats["loaded"] += 1
     return module
+
+
+_loader_registered = False
+
+
+def _register_loader():
+    """Have jit_kernels find generated modules by name (see :func:`load_by_name`),
+    once per process; not at import, since jit_kernels loads Numba."""
+    global _loader_registered
+    if not _loader_registered:
+        from jit_kernels.compiling import register_module_loader
+        register_module_loader(_MODULE_PREFIX, load_by_name)
+        _loader_registered = True
+
+
+def load_by_name(name):
+    """The generated module named ``name`` (``numbackend_kernels.k_<key>``): from
+    memory, else from its file ``k_<key>.py`` in a seed or the cache folder,
+    whose source must hash to the key.  jit_kernels.compiling calls this to
+    bind the kernels that a cached caller (a scan's loop, a whole call) calls
+    through their addresses before it loads the caller in a new process.
+    LookupError where no such file is found."""
+    key = name[len(_MODULE_PREFIX):]
+    if not name.startswith(_MODULE_PREFIX) or not key.isalnum():
+        raise LookupError(f"load_by_name: {name!r} is not the name of a generated kernel module")
+    module = _recall(key)
+    if module is not None:
+        return module
+    folders = list(seed_dirs())
+    with contextlib.suppress(OSError):
+        folders.append(cache_dir())
+    for folder in folders:
+        try:
+            with open(os.path.join(folder, f"k_{key}.py"), "rb") as f:
+                source = f.read().decode()
+        except (OSError, UnicodeDecodeError):
+            continue
+        if _source_key(source) == key:
+            return load_kernel(source)
+    raise LookupError(f"load_by_name: no source of the kernel module {name!r} is in the "
+                      f"kernel cache folders {folders}")
 
 
 def _cached_file(key, source):

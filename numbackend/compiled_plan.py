@@ -22,9 +22,18 @@ import numpy as np
 
 from . import codegen, graph, program
 
-# the generated module's first lines
+# The generated module's first lines.  Its calls of large library kernels
+# (packed's products, and conv's, pool's... where imported) and of other
+# generated modules' functions go through their addresses
+# (jit_kernels.compiling.by_address): each compiles once, on its own, rather
+# than again inside every loop and whole call.  blas's and copying's thin
+# wrappers (of a BLAS call, of a copy loop) and parts.array_at stay direct
+# calls: through an address, their calls at every step cost more than their
+# compile.
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
-          "from numbackend.codegen import loaded_kernel", ""]
+          "from jit_kernels.compiling import by_address, by_address_module",
+          "from numbackend.codegen import loaded_kernel", "",
+          "packed = by_address_module(packed)", ""]
 
 
 class Render:
@@ -107,12 +116,16 @@ class Render:
     @property
     def import_lines(self):
         """The lines importing :attr:`imports` (after :data:`HEADER`)."""
-        return [f"from jit_kernels import {', '.join(sorted(self.imports))}", ""] if self.imports else []
+        if not self.imports:
+            return []
+        return ([f"from jit_kernels import {', '.join(sorted(self.imports))}"]
+                + [f"{name} = by_address_module({name})" for name in sorted(self.imports)] + [""])
 
     @property
     def kernel_lines(self):
-        return ([f"{name} = loaded_kernel({key!r}).run_serial" for key, name in self.kernels.items()]
-                + [f"{name} = loaded_kernel({key!r}).{attribute}"
+        return ([f"{name} = by_address(loaded_kernel({key!r}).run_serial)"
+                 for key, name in self.kernels.items()]
+                + [f"{name} = by_address(loaded_kernel({key!r}).{attribute})"
                    for (key, attribute), name in self.functions.items()])
 
     @property

@@ -17,7 +17,8 @@ _keep_types = None  # the pass class, registered once
 
 
 def compiled_calls(dispatcher, arg_types):
-    """The calls of other compiled functions in ``dispatcher``'s code, typed for
+    """The calls of other compiled functions (direct, or through
+    jit_kernels.compiling.by_address) in ``dispatcher``'s code, typed for
     ``arg_types`` (Numba's pipeline up to type inference: nothing of it is
     compiled), as (callee's dispatcher, the call's signature)."""
     from numba.core import compiler, ir, typed_passes, types
@@ -51,6 +52,11 @@ def compiled_calls(dispatcher, arg_types):
         callee = typemap.get(call.func.name)
         if isinstance(callee, types.Dispatcher):
             calls.append((callee.dispatcher, signature))
+        elif isinstance(callee, types.Function) and hasattr(callee.templates[0].key, "kernel"):
+            # a call through jit_kernels.compiling.by_address: the kernel's signature
+            # is the types its arguments are passed with
+            (passed,) = signature.args
+            calls.append((callee.templates[0].key.kernel(), signature.return_type(*passed.types)))
     return calls
 
 

@@ -1,0 +1,100 @@
+"""Generated code (a scan's loop, a whole call) calls library kernels and
+other generated modules' kernels (a fused kernel's run_serial) through their addresses
+(jit_kernels.compiling.by_address): its cache entry names them, a new
+process binds them (loading generated modules by name, codegen.load_by_name)
+and loads the cached code without compiling anything."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from jit_kernels import blas
+from numbackend import codegen
+
+_RNN_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import numbackend as K
+    from jit_kernels import compiling
+    from numbackend import codegen
+    w_value = np.random.default_rng(0).standard_normal((3, 3)) * 0.5
+    x = K.placeholder((None, 4, 3), dtype="float64")
+    h0 = K.placeholder((None, 3), dtype="float64")
+    w = K.variable(w_value, dtype="float64")
+
+    def step(x_t, states):
+        h = K.tanh(K.dot(states[0], w) + x_t)
+        return h, [h]
+
+    last, _, _ = K.rnn(step, x, [h0])
+    fn = K.function([x, h0], [last])
+    xv, hv = np.linspace(-1, 1, 24).reshape(2, 4, 3), np.ones((2, 3))
+    got = fn([xv, hv])[0]
+    h = hv
+    for t in range(4):
+        h = np.tanh(h @ w_value + xv[:, t])
+    # the functions of generated modules that compiled code calls, and the
+    # kernels that their code calls through addresses (of code compiled in
+    # this process: loaded code keeps no LLVM text)
+    called = {}
+    for module in list(codegen._live.values()):
+        for name in ("loop",):
+            function = getattr(module, name, None)
+            for result in (function.overloads.values() if function is not None else ()):
+                if sum(function.stats.cache_misses.values()):
+                    called[name] = [[m, q] for m, q, _ in
+                                    compiling.by_address_bindings(result.library)]
+    print(json.dumps({"compiled": codegen.numba_stats()["compiled"],
+                      "close": bool(np.allclose(got, h, rtol=1e-12, atol=0)),
+                      "result": got.tolist(), "called": called}))
+""")
+
+
+def _run_rnn(cache):
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(cache))
+    out = subprocess.run([sys.executable, "-c", _RNN_SCRIPT], env=env, capture_output=True,
+                         text=True, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_a_scan_loop_calls_its_kernels_by_address_and_loads_in_a_new_process(tmp_path):
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    first = _run_rnn(tmp_path)
+    assert first["close"] and first["compiled"] > 0
+    # the loop calls the step's fused kernel and the packed product through
+    # their addresses: neither is compiled again inside the loop
+    loop_calls = {tuple(c) for c in first["called"]["loop"]}
+    assert any(m.startswith("numbackend_kernels.k_") and q == "run_serial" for m, q in loop_calls)
+    assert ("jit_kernels.packed", "matmul_packed") in loop_calls
+    # a new process binds them again and loads the loop: nothing compiles, the same bits
+    second = _run_rnn(tmp_path)
+    assert second["close"] and second["compiled"] == 0
+    assert second["result"] == first["result"]
+
+
+def test_a_generated_module_is_loaded_by_name_from_the_cache_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
+    source = "VALUE = 41 + 1\n"
+    key = codegen._source_key(source)
+    with open(os.path.join(codegen.cache_dir(), f"k_{key}.py"), "w") as f:
+        f.write(source)
+    name = f"numbackend_kernels.k_{key}"
+    sys.modules.pop(name, None)
+    module = codegen.load_by_name(name)
+    assert module.VALUE == 42 and module.__name__ == name
+
+
+def test_a_generated_module_whose_file_does_not_match_its_name_is_not_loaded(tmp_path, monkeypatch):
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
+    key = codegen._source_key("VALUE = 1\n")
+    with open(os.path.join(codegen.cache_dir(), f"k_{key}.py"), "w") as f:
+        f.write("VALUE = 2\n")
+    with pytest.raises(LookupError, match=f"k_{key}"):
+        codegen.load_by_name(f"numbackend_kernels.k_{key}")
+    with pytest.raises(LookupError, match="not the name of a generated kernel module"):
+        codegen.load_by_name("numbackend_kernels.k_../x")

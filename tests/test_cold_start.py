@@ -1,0 +1,28 @@
+"""asv_bench/cold_start.py's new processes start with the user's environment,
+not with the tuning that asv_bench's benchmarks set when the harness imports
+them (nothing timed)."""
+import importlib.util
+import os
+import sys
+
+_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "cold_start.py")
+
+
+def test_the_children_run_without_the_harness_tuning(monkeypatch):
+    monkeypatch.delenv("NUMBACKEND_TUNE_TIER_COMPILE", raising=False)
+    spec = importlib.util.spec_from_file_location("cold_start_under_test", _PATH)
+    cold_start = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cold_start)
+    # what onnx_files does to this process: asv_bench's benchmarks set the
+    # harness's tuning in os.environ when imported
+    monkeypatch.syspath_prepend(os.path.dirname(_PATH))
+    for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
+        monkeypatch.delitem(sys.modules, name)
+    import benchmarks  # noqa: F401
+    assert os.environ.get("NUMBACKEND_TUNE_TIER_COMPILE") == "in_call"
+    seen = []
+    monkeypatch.setattr(cold_start, "run_child", lambda source, args, env: seen.append(env) or {})
+    cold_start.numbackend_runs("mlp", 2)
+    assert len(seen) == 2
+    assert all("NUMBACKEND_TUNE_TIER_COMPILE" not in env for env in seen)
+    assert all(env["HOME"] == seen[0]["HOME"] for env in seen)

@@ -13,6 +13,7 @@ import pytest
 
 from jit_kernels import blas
 from numbackend import codegen
+from tests.rnn_scripts import TANH_RNN
 
 _RNN_SCRIPT = textwrap.dedent("""
     import json
@@ -20,15 +21,7 @@ _RNN_SCRIPT = textwrap.dedent("""
     import numbackend as K
     from jit_kernels import compiling
     from numbackend import codegen
-    w_value = np.random.default_rng(0).standard_normal((3, 3)) * 0.5
-    x = K.placeholder((None, 4, 3), dtype="float64")
-    h0 = K.placeholder((None, 3), dtype="float64")
-    w = K.variable(w_value, dtype="float64")
-
-    def step(x_t, states):
-        h = K.tanh(K.dot(states[0], w) + x_t)
-        return h, [h]
-
+""") + TANH_RNN + textwrap.dedent("""
     last, _, _ = K.rnn(step, x, [h0])
     fn = K.function([x, h0], [last])
     xv, hv = np.linspace(-1, 1, 24).reshape(2, 4, 3), np.ones((2, 3))

@@ -14,6 +14,7 @@ from numbackend.graph import toposort
 from numbackend.ops.scan import scan
 from numbackend.plan import BODIES
 from tests.finite_differences import numeric_gradient
+from tests.rnn_scripts import TANH_RNN
 from tests.source_checks import compiled_calls, literal_calls, slice_assignments
 
 RNG = np.random.default_rng(7)
@@ -635,15 +636,7 @@ _LOOP_SCRIPT = textwrap.dedent("""
     import numpy as np
     import numbackend as K
     from numbackend import codegen
-    w_value = np.random.default_rng(0).standard_normal((3, 3)) * 0.5
-    x = K.placeholder((None, 4, 3), dtype="float64")
-    h0 = K.placeholder((None, 3), dtype="float64")
-    w = K.variable(w_value, dtype="float64")
-
-    def step(x_t, states):
-        h = K.tanh(K.dot(states[0], w) + x_t)
-        return h, [h]
-
+""") + TANH_RNN + textwrap.dedent("""
     last, outputs, states = K.rnn(step, x, [h0])
     wanted = [last] if sys.argv[1] == "last" else [outputs, states[0]]
     xv, hv = np.linspace(-1, 1, 24).reshape(2, 4, 3), np.ones((2, 3))

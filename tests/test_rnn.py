@@ -716,11 +716,31 @@ def split_runs(monkeypatch, tuned):
     return runs
 
 
+@pytest.fixture
+def packed_ways(monkeypatch):
+    """The list, call by call, of whether each compiled loop over time ran its
+    products packed (the loop's 7th argument), for the loops loaded from here on."""
+    from numbackend import codegen
+    ways, load_kernel = [], codegen.load_kernel
+
+    def load_spied(source):
+        module = load_kernel(source)
+        loop = getattr(module, "loop", None)
+        if loop is not None and not hasattr(loop, "spied"):
+            spied = lambda *a: ways.append(a[6]) or loop(*a)
+            spied.spied = True
+            spied.compile = loop.compile  # the loop compiles before its first run
+            monkeypatch.setattr(module, "loop", spied)
+        return module
+    monkeypatch.setattr(codegen, "load_kernel", load_spied)
+    return ways
+
+
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 @pytest.mark.parametrize("packed_min_rows, packed", [(10**9, False), (1, True)])
 @pytest.mark.parametrize("in_loop_min_rows", [0, 10**9])
-def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, tuned, request, split,
+def test_a_loop_runs_its_products_packed_by_the_rows(packed_ways, tuned, request, split,
                                                      go_backwards, packed_min_rows, packed,
                                                      in_loop_min_rows):
     # a loop runs its products by invariants packed from SCAN_PACKED_MIN_ROWS
@@ -730,22 +750,8 @@ def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, tuned, request
     # every way, forward and back-propagating
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
-    from numbackend import codegen
     runs = request.getfixturevalue("split_runs") if split else []
     tuned(SCAN_PACKED_MIN_ROWS=packed_min_rows, SCAN_IN_LOOP_MIN_ROWS=in_loop_min_rows)
-    ways, load_kernel = [], codegen.load_kernel
-
-    def load_spied(source):
-        module = load_kernel(source)
-        loop = getattr(module, "loop", None)
-        if loop is not None and not hasattr(loop, "spied"):
-            # the loop's 7th argument says whether its products run packed
-            spied = lambda *a: ways.append(a[6]) or loop(*a)
-            spied.spied = True
-            spied.compile = loop.compile  # the loop compiles before its first run
-            monkeypatch.setattr(module, "loop", spied)
-        return module
-    monkeypatch.setattr(codegen, "load_kernel", load_spied)
     steps = 9
     w_v, u_v, b_v = weights()
     w, u, b = (K.variable(v, dtype="float64") for v in (w_v, u_v, b_v))
@@ -766,12 +772,12 @@ def test_a_loop_runs_its_products_packed_by_the_rows(monkeypatch, tuned, request
         np.testing.assert_allclose(got[1], numeric_gradient(loss, u_v), rtol=1e-5, atol=1e-7)
     parts = 2 if split else 1
     # forward and back, on each call, in each part
-    assert ways == [packed] * (4 * parts) and bool(runs) == split
+    assert packed_ways == [packed] * (4 * parts) and bool(runs) == split
 
 
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
-def test_a_loop_runs_more_rows_than_a_block_packed_by_cache_and_threads(monkeypatch, tuned, request,
+def test_a_loop_runs_more_rows_than_a_block_packed_by_cache_and_threads(packed_ways, tuned, request,
                                                                         split, cache_bytes):
     # up to PACKED_BLOCK_ROWS rows a part, a loop's products by invariants run
     # packed; beyond, only where the weights fit PACKED_CACHE_BYTES and the parts
@@ -779,33 +785,19 @@ def test_a_loop_runs_more_rows_than_a_block_packed_by_cache_and_threads(monkeypa
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from jit_kernels import tuning
-    from numbackend import codegen
     runs = request.getfixturevalue("split_runs") if split else []
     tuned(PACKED_CACHE_BYTES=cache_bytes)
-    ways, load_kernel = [], codegen.load_kernel
-
-    def load_spied(source):
-        module = load_kernel(source)
-        loop = getattr(module, "loop", None)
-        if loop is not None and not hasattr(loop, "spied"):
-            # the loop's 7th argument says whether its products run packed
-            spied = lambda *a: ways.append(a[6]) or loop(*a)
-            spied.spied = True
-            spied.compile = loop.compile
-            monkeypatch.setattr(module, "loop", spied)
-        return module
-    monkeypatch.setattr(codegen, "load_kernel", load_spied)
     _, x, h0, _, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     parts = blas.threads() if split else 1
     alone = parts >= max(1, blas.threads())
     for per_part, packed in [(tuning.PACKED_BLOCK_ROWS, True),
                              (tuning.PACKED_BLOCK_ROWS + 1, alone and cache_bytes > 0)]:
-        ways.clear()
+        packed_ways.clear()
         xv, hv = RNG.standard_normal((per_part * parts, T, I)), RNG.standard_normal((per_part * parts, U))
         np.testing.assert_allclose(fn([xv, hv])[0], numpy_rnn(xv, *weights(), hv)[1],
                                    rtol=1e-10, atol=1e-12)
-        assert ways == [packed] * parts
+        assert packed_ways == [packed] * parts
     assert bool(runs) == split
 
 

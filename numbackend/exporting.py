@@ -304,17 +304,13 @@ def _sample_inputs(program, fed, inputs, rng):
     normal distribution, integers 0 or 1, booleans."""
     bound = {}  # {placeholder id: the smallest bound (exclusive) on the counts it holds}
     for node in toposort(program.targets):
-        if node.op == "gather":
-            counts, limit = node.inputs[1], node.inputs[0].shape[0]
-        elif node.op == "ctc_decode":
-            steps = node.inputs[0].shape[1]
-            counts, limit = node.inputs[1], None if steps is None else steps + 1
-        else:
+        found = lowering_of(node).counts_input(node)
+        if found is None:
             continue
+        counts, limit = node.inputs[found[0]], found[1]
         while counts.op == "cast":
             counts = counts.inputs[0]
-        if limit is not None:
-            bound[counts.id] = min(bound.get(counts.id, limit), limit)
+        bound[counts.id] = min(bound.get(counts.id, limit), limit)
     arrays = []
     for t, entry in zip(fed, inputs):
         shape = (_verify_rows(), *entry["shape"][1:])

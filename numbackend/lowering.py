@@ -72,6 +72,13 @@ class Lowering:
         write it; None for every other op."""
         return
 
+    def counts_input(self, node):
+        """(index of an input of ``node`` that holds whole numbers below a bound,
+        that bound) where the op has one (an Embedding's ids, a CTC decoder's
+        lengths), so that an export's check feeds it numbers the op takes; else
+        None."""
+        return
+
 
 class Padding(NamedTuple):
     """An axis of a result whose size depends on the data, as an export's lines
@@ -231,6 +238,10 @@ class Gather(Lowering):
             return None
         return [(f"{out} = copying.gather_rows(np.ascontiguousarray({ins[0]}), "
                  f"np.ascontiguousarray({ins[1]}))")]
+
+    def counts_input(self, node):
+        rows = node.inputs[0].shape[0] if node.inputs[0].ndim else None
+        return None if rows is None else (1, int(rows))
 
 
 class Concatenate(Lowering):
@@ -566,6 +577,10 @@ class CtcDecode(Lowering):
             return None
         return (f"{search} is not exported, only greedy decoding: export the model up to its "
                 "softmax and decode its output with K.ctc_decode")
+
+    def counts_input(self, node):
+        steps = node.inputs[0].shape[1]
+        return None if steps is None else (1, int(steps) + 1)  # lengths 0..steps
 
 
 def _ctc_steps(packed):

@@ -44,7 +44,7 @@ from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 12
+CODEGEN_VERSION = 13
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -241,14 +241,15 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
     emit(f"C = {_prod([f'D{j}' for j in range(s, rank)])}")
     args = ["R", "C"]
     # A full-domain array is its own view where the domain already is (R * C,) or
-    # (R, C), and the same goes for (C,) and (R,) arrays: a reshape is a call of
-    # its own, a noticeable part of a small kernel's call at batch 1.
+    # (R, C), and the same goes for a window's (R, wider) array and for (C,) and
+    # (R,) arrays: a reshape is a call of its own, a noticeable part of a small
+    # kernel's call at batch 1, and of run_serial's compile.
     full_as_is = rank == 1 if spec.flat else (rank == 2 and s == 1)
     full_view = "R * C" if spec.flat else "R, C"
     for i, (pattern, rank_i, _) in enumerate(spec.inputs):
         # NumPy's reshape checks the sizes, so no view is smaller than its loop reads
         as_is = (pattern == "S"
-                 or (pattern == "F" and rank_i == rank and full_as_is)
+                 or (pattern in "FW" and rank_i == rank and full_as_is)
                  or (pattern == "C" and rank_i == 1 and s == rank - 1))
         if as_is:
             args.append(f"x{i}")
@@ -291,8 +292,12 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
 
 
 def _domain_dims(spec):
-    """Code that reads the domain's dims D0.. from the inputs and checks every input."""
-    lines, source = [], {}
+    """Code that reads the domain's dims D0.. from the inputs and checks every input.
+
+    The checks are one condition raising at one place: each ``raise`` is code of
+    its own in a compiled caller (``run_serial``), and thirty of them took most
+    of an LSTM step's compile."""
+    lines, checks, source = [], [], {}
     s = spec.split
     for i, (pattern, rank, _) in enumerate(spec.inputs):
         if pattern == "S":
@@ -302,8 +307,7 @@ def _domain_dims(spec):
                 "C": range(s, spec.rank)}[pattern]
         if pattern == "W":
             offset, width = spec.windows[i]
-            lines.append(f"if x{i}.shape[{rank - 1}] < {offset + width}:")
-            lines.append("    raise ValueError(MISMATCH)")
+            checks.append(f"x{i}.shape[{rank - 1}] < {offset + width}")
         for j in axes:
             if j - off < 0:
                 continue
@@ -313,12 +317,14 @@ def _domain_dims(spec):
             if j not in source:
                 source[j] = ref
                 lines.append(f"D{j} = {ref}")
-            else:
-                lines.append(f"if {ref} != D{j}:")
-                lines.append("    raise ValueError(MISMATCH)")
+            elif ref != source[j]:
+                checks.append(f"{ref} != D{j}")
     for j in range(spec.rank):
         if j not in source:
             lines.append(f"D{j} = 1")
+    if checks:
+        lines.append("if (" + " or\n        ".join(checks) + "):")
+        lines.append("    raise ValueError(MISMATCH)")
     return lines
 
 

@@ -27,7 +27,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import blas, parts, tuning
-from .compiling import njit_cached, target_vector_bytes
+from .compiling import by_address, njit_cached, target_vector_bytes
 
 # compiled into the kernels: set by the environment alone (see jit_kernels.tuning);
 # the CPU target's width (not the host's), which is part of the cache's key
@@ -272,6 +272,42 @@ def matmul_packed(a, packed, out):
     # compiled _product for every caller
     _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out[:, :], lda,
              ldo)
+
+
+
+_matmul_packed_by_address = by_address(matmul_packed)
+
+
+@njit_cached(**_JIT)
+def step_product(a, b, panels, transpose_b, on_panels):
+    """A new array ``a @ op(b)`` (op transposing where ``transpose_b``), ``a``
+    and ``b`` float32 or float64 matrices of one type, ``a``'s rows contiguous:
+    on ``panels`` (``pack(b, transpose_b)``) where ``on_panels``, else through
+    BLAS.  A scan's loop chooses between the two at run time for each of its
+    products; one call to this, rather than both ways written out at every
+    product, keeps the loop's own code small to compile."""
+    out = np.empty((a.shape[0], b.shape[0] if transpose_b else b.shape[1]), dtype=a.dtype)
+    if on_panels:
+        _matmul_packed_by_address(a, panels, out)
+    else:
+        blas.matmul(a, b, out, False, transpose_b)
+    return out
+
+
+@njit_cached(**_JIT)
+def steps_product(sequence, first, end, lo, hi, b, transpose_b, hoisted):
+    """The products ``sequence[t, lo:hi] @ op(b)`` of the steps t in [first, end)
+    at once, stacked (steps, rows, columns), through BLAS; a stack of no step
+    where not ``hoisted`` (a scan's loop then multiplies step by step,
+    :func:`step_product`).  ``sequence`` a float32 or float64 array (steps,
+    rows, depth) of ``b``'s type."""
+    columns = b.shape[0] if transpose_b else b.shape[1]
+    rows = min(hi, sequence.shape[1]) - lo
+    out = np.empty(((end - first) if hoisted else 0, rows, columns), dtype=sequence.dtype)
+    if hoisted:
+        blas.matmul(np.ascontiguousarray(sequence[first:end, lo:hi]).reshape(-1, sequence.shape[2]), b,
+                    out.reshape(-1, columns), False, transpose_b)
+    return out
 
 
 @njit_cached(**_JIT)

@@ -36,7 +36,9 @@ from .ops import OPS, is_float_matrix_product
 # Compiled forms of products: of float32 or float64 matrices through NumPy's
 # BLAS, and with the right operand packed before the lines run
 # (jit_kernels.packed; a scan's loop picks one by the rows).
-PRODUCT, PRODUCT_PACKED = "blas.matmul", "packed.matmul_packed"
+# the calls of a product in generated code (a step's by a scan's invariant: on its
+# panels or through BLAS, chosen at run time; all steps' at once where hoisted)
+PRODUCT, STEP_PRODUCT, STEPS_PRODUCT = "blas.matmul", "packed.step_product", "packed.steps_product"
 # The transposition flags of PRODUCT as typed bools, not literals: Numba
 # compiles a function again for each pattern of literal arguments it is called with.
 _FLAG = {False: "np.bool_(False)", True: "np.bool_(True)"}
@@ -352,20 +354,18 @@ class Dot(Lowering):
         lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
         if ta or ins[1] not in render.packable:
             return lines + [PRODUCT + operands]
+        # the choice between panels and BLAS, and the hoisting, are library
+        # kernels called by address: written out at every product, both ways
+        # made the bulk of a large loop's code and of its compile
         panels = render.packings.setdefault((ins[1], tb), f"packed{len(render.packings)}")
-        lines += ["if packed_products:", f"    {PRODUCT_PACKED}({ins[0]}, {panels}, {out})",
-                  "else:", f"    {PRODUCT}{operands}"]
+        step = [f"{out} = {STEP_PRODUCT}({ins[0]}, {ins[1]}, {panels}, {_FLAG[tb]}, packed_products)"]
         if ins[0] not in render.sliced:
-            return lines
+            return step
         whole, steps = render.sliced[ins[0]], f"hoisted{len(render.hoistings)}"
-        depth = f"{whole}.shape[2]"
-        allocate = (f"{steps} = np.empty(((last - earliest) if hoisted_products else 0, "
-                    f"min(hi, {whole}.shape[1]) - lo, {cols}), dtype=np.{node.dtype})")
-        multiply = (f"    {PRODUCT}(np.ascontiguousarray({whole}[earliest:last, lo:hi]).reshape("
-                    f"-1, {depth}), {ins[1]}, {steps}.reshape(-1, {cols}), {_FLAG[False]}, {_FLAG[tb]})")
-        render.hoistings += [allocate, "if hoisted_products:", multiply]
+        render.hoistings.append(f"{steps} = {STEPS_PRODUCT}({whole}, earliest, last, lo, hi, {ins[1]}, "
+                                f"{_FLAG[tb]}, hoisted_products)")
         return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
-            "    " + line for line in lines]
+            "    " + line for line in step]
 
 
 def _panels(weights):

@@ -59,8 +59,8 @@ def test_a_scan_loop_calls_its_kernels_by_address_and_loads_in_a_new_process(tmp
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     first = _run_rnn(tmp_path)
     assert first["close"] and first["compiled"] > 0
-    # the loop calls the step's fused kernel and the packed product through
-    # their addresses: neither is compiled again inside the loop
+    # the loop calls the step's fused kernel and the product (on packed panels
+    # or through BLAS) through their addresses: neither is compiled again inside the loop
     loop_calls = {tuple(c) for c in first["called"]["loop"]}
     assert any(m.startswith("numbackend_kernels.k_") and q == "run_serial" for m, q in loop_calls)
     assert ("jit_kernels.packed", "matmul_packed") in loop_calls

@@ -599,7 +599,8 @@ def test_steps_after_the_first_run_in_one_compiled_loop():
 
 def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
     from numbackend import lowering
-    monkeypatch.setattr(lowering, "PRODUCT", "np.float64")  # no such signature
+    for name in ("PRODUCT", "STEP_PRODUCT", "STEPS_PRODUCT"):
+        monkeypatch.setattr(lowering, name, "np.float64")  # no such signature
     (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))

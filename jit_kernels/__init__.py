@@ -20,6 +20,7 @@ _LAZY = {
     "saving_to": "compiling",
     "fork_gate": "fork",
     "parallel_ok": "fork",
+    "prefer_vector_width": "compiling",
 }
 
 

@@ -1,6 +1,7 @@
 """How jit_kernels compiles: :func:`njit_cached` (a disk cache of ours, loaded
 cheaply, portable and keyed by content), its parallel/serial twins, the
-process-wide LLVM options every kernel is compiled with, and the CPU target
+process-wide LLVM options every kernel is compiled with, one function's
+vector width (:func:`prefer_vector_width`), and the CPU target
 (``NUMBACKEND_CPU_TARGET``).  Imported by every kernel module, so the options
 are set before any compile.
 
@@ -58,9 +59,12 @@ _apply_cpu_target()
 import llvmlite
 import llvmlite.binding as _llvm
 import numba as _numba
+from numba.core import types as _nbtypes
 from numba.core.caching import CompileResultCacheImpl as _CompileResultCacheImpl
 from numba.core.caching import FunctionCache as _FunctionCache
 from numba.core.caching import _CacheLocator
+from numba.core.errors import TypingError as _TypingError
+from numba.extending import intrinsic as _intrinsic
 
 # LLVM's loop vectoriser gives up on a loop that needs more than 128 run-time
 # checks that its arrays do not overlap.  Numba cannot tell LLVM that a
@@ -368,6 +372,42 @@ def _has_avx512(cpu_name):
     _llvm.initialize_native_asmprinter()
     machine = _llvm.Target.from_default_triple().create_target_machine(cpu=cpu_name, features="")
     return "zmm" in machine.emit_assembly(_llvm.parse_assembly(_WIDE_VECTOR_IR))
+
+
+# --- the vector width of one function's loops ------------------------------------
+
+# The widths LLVM's X86 backend takes as a function's "prefer-vector-width"
+VECTOR_WIDTHS = (128, 256, 512)
+
+
+@_intrinsic(prefer_literal=True)
+def prefer_vector_width(typingctx, bits):
+    """In compiled code, ``prefer_vector_width(512)`` (a constant, one of
+    :data:`VECTOR_WIDTHS`) has LLVM's loop vectoriser fill vectors of up to
+    that many bits in the function it is compiled into, where the CPU
+    target's own choice may be narrower (LLVM's tuning of Intel's AVX-512
+    CPUs prefers 256-bit vectors).  It generates no code: it sets the LLVM
+    function's attribute ``"prefer-vector-width"``, which LLVM's X86 backend
+    reads per function.  Called in the body of a ``prange`` loop, it marks
+    the function that Numba outlines that body into, where the loop runs.
+    A copy of the function that LLVM inlines into another before it
+    vectorises takes the other's width.  A width wider than the target's
+    registers is split into registers it has.  TypingError where the width
+    is not a constant of VECTOR_WIDTHS."""
+    if not isinstance(bits, _nbtypes.IntegerLiteral) or bits.literal_value not in VECTOR_WIDTHS:
+        raise _TypingError(f"prefer_vector_width: the width must be a constant, one of "
+                           f"{VECTOR_WIDTHS} (bits), got {bits}")
+    attribute = f'"prefer-vector-width"="{bits.literal_value}"'
+
+    def codegen(context, builder, signature, args):
+        attributes = builder.function.attributes
+        # llvmlite's FunctionAttributes take the attributes it lists alone; an LLVM
+        # string attribute, "name"="value", is written into the IR as it is
+        attributes._known = attributes._known | {attribute}
+        attributes.add(attribute)
+        return context.get_dummy_value()
+
+    return _nbtypes.none(bits), codegen
 
 
 def target_key():

@@ -191,6 +191,18 @@ _define("FUSED_ROW_BLOCKS", 64, "blocks of rows",
         "A fused kernel with per-row buffers (a reduction's row, a softmax) runs its rows "
         "in at most this many blocks, each allocating its buffers once; the blocks are "
         "what its parallel loop shares between threads.")
+_define("FUSED_VECTOR_BITS", 512, "bits per vector (LLVM's prefer-vector-width)",
+        "measured on the 2-core Xeon VM (Cascade Lake, AVX-512), 512 against None in one "
+        "process, in turns, on one and on two threads: W1 8-11% faster, W2a 3-9%; W4, W5 and "
+        "W6 within the noise (4%); a fused kernel's compile as long.  On a 16-core Xeon "
+        "(Emerald Rapids), the whole process compiled for 512-bit vectors ran W1 and W2a "
+        "20-35% faster, but the convolutions (W4), W5 and W6 10-24% slower",
+        "The width of the vectors that LLVM's loop vectoriser fills in a fused kernel's "
+        "loops (the generated kernel_par and kernel_ser, not the library's kernels), where "
+        "the CPU target's vector registers are at least this wide (64 bytes with AVX-512: "
+        "jit_kernels.compiling.target_vector_bytes); else, and with None, the CPU's own "
+        "choice, which LLVM's tuning of Intel's AVX-512 CPUs makes 256 bits.",
+        choices=(None, 128, 256, 512))
 _define("MAX_LOADED_KERNELS", 512, "kernel modules",
         "chosen, not measured: bounds the memory of a process that builds many different "
         "functions, far above what one model's functions load",

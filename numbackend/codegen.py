@@ -134,6 +134,21 @@ def work_per_element(spec):
     return 1 + tuning.FUSED_VMATH_CALL_WORK * calls
 
 
+def vector_bits():
+    """The vector width in bits that a fused kernel's loops are compiled for:
+    tuning.FUSED_VECTOR_BITS where the CPU target's vector registers are at
+    least that wide (jit_kernels.compiling.target_vector_bytes: AVX-512 for
+    512), else None (the CPU's own choice).  LLVM's tuning of Intel's AVX-512
+    CPUs vectorises loops with 256 bits; a fused kernel's loops ran faster
+    with 512 (see the entry), where others, such as the convolutions', ran
+    slower, which is why it is a kernel's setting and not the process's."""
+    bits = tuning.FUSED_VECTOR_BITS
+    if bits is None:
+        return None
+    from jit_kernels.compiling import target_vector_bytes
+    return bits if bits <= 8 * target_vector_bytes() else None
+
+
 def generate_source(spec, into=False):
     """Python source of a kernel module.
 
@@ -162,6 +177,13 @@ def generate_source(spec, into=False):
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
         emit("from jit_kernels import reduce as rd")
+    bits = vector_bits()
+    if bits is not None:
+        emit("from jit_kernels import prefer_vector_width")
+        # the first line of the loop shared between threads: its body is the
+        # function that Numba outlines for the threads, which holds the loops
+        at = next(i for i, line in enumerate(body) if "PRANGE(" in line) + 1
+        body.insert(at, f"    prefer_vector_width({bits})")
     emit("")
     emit(f"MISMATCH = {_MISMATCH!r}")
     emit("")

@@ -93,6 +93,48 @@ def test_softmax_scales_its_exps_in_place():
     assert "= o0[r]" in source and "np.empty((min(R" not in source
 
 
+def packed_floats_on_zmm(dispatcher):
+    """The packed float32 arithmetic on 512-bit registers in the compiled code of
+    ``dispatcher`` (every signature: the functions of its code, and those linked in)."""
+    assembly = "\n".join(dispatcher.inspect_asm().values())
+    return re.findall(r"^\s*v(?:add|sub|mul|div|fn?m(?:add|sub)\d+|max|min)ps\s[^\n]*%zmm",
+                      assembly, re.MULTILINE)
+
+
+@pytest.mark.parametrize("bits", [512, None])
+def test_fused_loops_take_the_vector_width_of_the_setting(bits, tuned, tmp_path, monkeypatch):
+    """With FUSED_VECTOR_BITS=512 on an AVX-512 CPU, a fused kernel's loops fill 512-bit
+    registers, both the parallel loop (in the function Numba outlines its body into)
+    and the serial one, for a flat chain and a kernel over rows; with None, LLVM's own choice
+    for Intel's AVX-512 CPUs leaves them at 256 bits.  The results are NumPy's either way."""
+    from jit_kernels.compiling import target_vector_bytes
+    if target_vector_bytes() < 64:
+        pytest.skip("the CPU target has no AVX-512")
+    # compiled in this test: code loaded from a cache cannot be inspected
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
+    tuned(FUSED_VECTOR_BITS=bits)
+    a, b, c = (K.placeholder((None, 256)) for _ in range(3))
+    chain = K.function([a, b, c], [numbackend.tanh(a * b + c) + 0.375 * b * a])
+    x = K.placeholder((None, 300))
+    centred = K.function([x], [x * 1.5 - numbackend.mean(x, axis=-1, keepdims=True)])
+    rng = np.random.default_rng(5)
+    for rows in (3, 2048):  # the serial loop, then the parallel one
+        va, vb, vc = (rng.standard_normal((rows, 256)).astype(np.float32) for _ in range(3))
+        a64, b64, c64 = (v.astype(np.float64) for v in (va, vb, vc))
+        want = np.tanh(a64 * b64 + c64) + 0.375 * b64 * a64
+        np.testing.assert_allclose(chain([va, vb, vc])[0], want, rtol=1e-5, atol=1e-6)
+        vx = rng.standard_normal((rows, 300)).astype(np.float32) * 4
+        x64 = vx.astype(np.float64)
+        want = x64 * 1.5 - x64.mean(-1, keepdims=True)
+        np.testing.assert_allclose(centred([vx])[0], want, rtol=1e-5, atol=1e-5)
+    for kernel in chain.plan.kernels + centred.plan.kernels:
+        assert ("prefer_vector_width(512)" in kernel.SOURCE) == (bits == 512)
+        for loop in (kernel.kernel_par, kernel.kernel_ser):
+            assert loop.signatures, f"{loop} was not called"
+            wide = packed_floats_on_zmm(loop)
+            assert bool(wide) == (bits == 512), (loop, wide[:3])
+
+
 def test_broadcast_patterns_rows_columns_scalars():
     x = K.placeholder((None, 5))
     col = K.placeholder((None, 1))

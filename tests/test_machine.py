@@ -1,6 +1,8 @@
 """What splits and chunk sizes derive from: the caches read from a made-up
 /sys tree, the part counts for given thread counts and work, and the vector
 width of a CPU target, asked of LLVM for CPUs this machine need not be."""
+import re
+
 import pytest
 
 from jit_kernels import machine
@@ -86,3 +88,74 @@ def test_a_cpu_named_without_features_has_avx512_by_llvms_word(cpu, avx512):
     # it was x86-64-v4 alone: NUMBACKEND_CPU_TARGET=skylake-avx512 got AVX2's panels
     from jit_kernels import compiling
     assert compiling._has_avx512(cpu) == avx512
+
+
+
+def packed_floats_on_zmm(dispatcher):
+    """The packed float32 arithmetic on 512-bit registers in ``dispatcher``'s code."""
+    assembly = "\n".join(dispatcher.inspect_asm().values())
+    return re.findall(r"^\s*v(?:add|mul|fn?madd\d+)ps\s[^\n]*%zmm", assembly, re.MULTILINE)
+
+
+def test_prefer_vector_width_widens_the_loops_of_its_function():
+    """prefer_vector_width(512) in a loop's body, of a parallel loop (whose body Numba
+    outlines into a function of its own) or a serial one, has LLVM fill 512-bit
+    registers there; the same loops without it keep LLVM's choice for Intel's
+    AVX-512 CPUs, 256 bits."""
+    import numba
+    import numpy as np
+
+    from jit_kernels import compiling
+    from jit_kernels.compiling import prefer_vector_width
+    if compiling.target_vector_bytes() < 64:
+        pytest.skip("the CPU target has no AVX-512")
+
+    @numba.njit(parallel=True)
+    def parallel_wide(x, out):
+        for i in numba.prange(x.size):
+            prefer_vector_width(512)
+            out[i] = x[i] * x[i] + np.float32(0.5)
+
+    @numba.njit(parallel=True)
+    def parallel_plain(x, out):
+        for i in numba.prange(x.size):
+            out[i] = x[i] * x[i] + np.float32(0.5)
+
+    @numba.njit
+    def serial_wide(x, out):
+        prefer_vector_width(512)
+        for i in range(x.size):
+            out[i] = x[i] * x[i] + np.float32(0.5)
+
+    @numba.njit
+    def serial_plain(x, out):
+        for i in range(x.size):
+            out[i] = x[i] * x[i] + np.float32(0.5)
+
+    x = np.linspace(-3, 3, 1001, dtype=np.float32)
+    for loop, wide in ((parallel_wide, True), (parallel_plain, False), (serial_wide, True),
+                       (serial_plain, False)):
+        out = np.empty_like(x)
+        loop(x, out)
+        np.testing.assert_allclose(out, x.astype(np.float64) ** 2 + 0.5, rtol=1e-7)
+        assert bool(packed_floats_on_zmm(loop)) == wide, loop
+
+
+def test_prefer_vector_width_takes_a_constant_width_llvm_knows():
+    import numba
+
+    from jit_kernels.compiling import prefer_vector_width
+
+    @numba.njit
+    def unknown_width():
+        prefer_vector_width(300)
+
+    @numba.njit
+    def variable_width(bits):
+        prefer_vector_width(bits)
+
+    expected = r"prefer_vector_width: the width must be a constant, one of \(128, 256, 512\) \(bits\)"
+    with pytest.raises(numba.core.errors.TypingError, match=expected + r", got Literal\[int\]\(300\)"):
+        unknown_width()
+    with pytest.raises(numba.core.errors.TypingError, match=expected + ", got int64"):
+        variable_width(512)

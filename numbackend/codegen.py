@@ -44,7 +44,7 @@ from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 13
+CODEGEN_VERSION = 14
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"

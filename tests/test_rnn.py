@@ -367,8 +367,9 @@ def test_gradient_of_an_invariant_computed_from_another():
     # u2 = 2 * u is computed outside the loop; u's gradient must count each path once
     x = K.placeholder((None, T, I), dtype="float64")
     w_v, u_v, _ = weights()
-    u = K.variable(u_v)
-    w = K.variable(w_v)
+    # float64 variables, as the reference computes (floatx's float32 rounded them)
+    u = K.variable(u_v, dtype="float64")
+    w = K.variable(w_v, dtype="float64")
 
     def step(x_t, states):
         h = K.tanh(K.dot(x_t, w) + K.dot(states[0], u) + K.dot(states[0], 2.0 * u))
@@ -609,6 +610,32 @@ def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
         got = fn([xv, hv])[0]
     assert counts == {"rnn": T}
     np.testing.assert_allclose(got, numpy_rnn(xv, *weights(), hv)[1], rtol=1e-10, atol=1e-12)
+
+
+def test_a_scan_stacks_each_value_once():
+    # a step returning one value twice and its own slice: the loop stacks the value once
+    # and the slice not at all (the whole output is the sequence)
+    x = K.placeholder((T, None, 3), dtype="float64")
+    s0 = K.placeholder((None, 3), dtype="float64")
+
+    def step(xs, ss):
+        h = K.tanh(ss[0] + xs[0])
+        return [h, xs[0], h], [h * 0.5]
+
+    stacked, (final,) = scan(step, [x], [s0], keep_history=False, where="test")
+    (node,) = {n for n in toposort(stacked + [final]) if n.op == "scan"}
+    assert len(node.attrs["body"].outputs) == 1
+    fn = K.function([x, s0], stacked + [final])
+    xv, s0v = RNG.standard_normal((T, 4, 3)), RNG.standard_normal((4, 3))
+    counts = _count_step_runs(fn)
+    got = fn([xv, s0v])
+    assert counts == {"test": 1}  # the first step in the plan, the others in the loop
+    s, want = s0v, []
+    for t in range(T):
+        want.append(np.tanh(s + xv[t]))
+        s = want[-1] * 0.5
+    for g, w in zip(got, [np.stack(want), xv, np.stack(want), s]):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-15)
 
 
 def test_steps_whose_shapes_broadcast_unlike_the_kernels_run_from_python():

@@ -391,13 +391,22 @@ def scan(step, sequences, initial_states, reverse=False, keep_history=True, wher
         body_seq.append(ph)
         body_seq_outer.append(sequences[0])
     body_targets = substitute(targets, replacements)
-    body = Body(where, body_seq, state_ph, body_inv, body_targets[:len(outputs)],
+    # The loop stacks each value once, and none that was computed outside it:
+    # a gradient's step returns a value once for each of its uses (an LSTM's
+    # h_t-1 for each gate's product) and its sequences' own slices, each of
+    # which the loop copied at every step.
+    looped = {}  # output's node id -> its index among the body's outputs
+    for k, t in enumerate(outputs):
+        if k not in stacked_direct:
+            looped.setdefault(t.id, (len(looped), k))
+    body = Body(where, body_seq, state_ph, body_inv, [body_targets[k] for _, k in looped.values()],
                 body_targets[len(outputs):])
     node = apply("scan", *body_seq_outer, *initial_states, *body_inv_outer, body=body,
                  reverse=reverse, keep_history=keep_history)
-    stacked = [stacked_direct[k] if k in stacked_direct else _item(node, k)
-               for k in range(len(outputs))]
-    states = [_item(node, len(outputs) + j) for j in range(len(new_states))]
+    items = [_item(node, i) for i in range(len(looped))]
+    stacked = [stacked_direct[k] if k in stacked_direct else items[looped[t.id][0]]
+               for k, t in enumerate(outputs)]
+    states = [_item(node, len(looped) + j) for j in range(len(new_states))]
     return stacked, states
 
 

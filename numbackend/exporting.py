@@ -131,29 +131,35 @@ def export(model_or_function, dest, *, target=DEFAULT_TARGET, threads=True, over
                           "replace it")
     function = _function_of(model_or_function)
     cpu, features, flags = _target(target)
-    program, fed, defaults = function.inference_program()
-    inputs = _arrays_of(fed, "input")
-    # steps that mix rows first, then those with no compiled form, then those
-    # not known to keep rows apart
-    _check_rows_apart(program, fed, model_or_function, strict=False)
-    rendered = compiled_plan.render_export(program, BODIES)
-    if rendered.refused is not None:
-        raise ExportError(f"export: this step has no compiled form, so the model cannot be "
-                          f"exported: {rendered.refused}")
-    _check_rows_apart(program, fed, model_or_function)
-    _check_padded_values_are_outputs(program, model_or_function)
-    outputs = _arrays_of(program.targets, "output")
-    codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
-    held, scalars = compiled_plan.held_arrays(program, rendered)
-    for i, value in enumerate(defaults):  # placeholders not fed: constants of the export
-        value = np.ascontiguousarray(value)
-        if value.ndim == 0:
-            raise ExportError(f"export: placeholder p{len(fed) + i} is a scalar with a default; "
-                              "only arrays can be exported")
-        held.append(compiled_plan.Held(f"p{len(fed) + i}", value.shape, value.dtype,
-                                       constant=value))
-    source = _plan_source(program, rendered, inputs, outputs, held, scalars)
-    library, name = _compile(source)
+    # A fused kernel's loops are vectorised as it compiles, for this machine:
+    # 512 bits wide on an AVX-512 host (tuning.FUSED_VECTOR_BITS), which a
+    # CPU of a narrower target would run in 256-bit halves; the CPU's own
+    # width for those.
+    vector_bits = {} if "avx512f" in flags else {"FUSED_VECTOR_BITS": None}
+    with tuning.override(**vector_bits):
+        program, fed, defaults = function.inference_program()
+        inputs = _arrays_of(fed, "input")
+        # steps that mix rows first, then those with no compiled form, then those
+        # not known to keep rows apart
+        _check_rows_apart(program, fed, model_or_function, strict=False)
+        rendered = compiled_plan.render_export(program, BODIES)
+        if rendered.refused is not None:
+            raise ExportError(f"export: this step has no compiled form, so the model cannot be "
+                              f"exported: {rendered.refused}")
+        _check_rows_apart(program, fed, model_or_function)
+        _check_padded_values_are_outputs(program, model_or_function)
+        outputs = _arrays_of(program.targets, "output")
+        codegen.hold(rendered.kernel_modules, rendered)  # the modules the plan names, while it compiles
+        held, scalars = compiled_plan.held_arrays(program, rendered)
+        for i, value in enumerate(defaults):  # placeholders not fed: constants of the export
+            value = np.ascontiguousarray(value)
+            if value.ndim == 0:
+                raise ExportError(f"export: placeholder p{len(fed) + i} is a scalar with a default; "
+                                  "only arrays can be exported")
+            held.append(compiled_plan.Held(f"p{len(fed) + i}", value.shape, value.dtype,
+                                           constant=value))
+        source = _plan_source(program, rendered, inputs, outputs, held, scalars)
+        library, name = _compile(source)
     code = _object_code(library, name, cpu, features)
     key = int.from_bytes(hashlib.sha256(code).digest()[:8], "little") & (2 ** 63 - 1)
     parent, base = os.path.split(os.path.abspath(dest))

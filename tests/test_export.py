@@ -584,6 +584,37 @@ def test_target_names_are_checked(tmp_path):
             K.export(f, str(tmp_path / "m"), target="avx512")
 
 
+def test_fused_kernels_are_vectorised_for_the_targets_width(tmp_path, monkeypatch, tuned):
+    # on an AVX-512 host fused kernels fill 512-bit vectors (FUSED_VECTOR_BITS); an
+    # export for a CPU without AVX-512 generates them at that CPU's own width
+    from jit_kernels.compiling import target_vector_bytes
+    from numbackend import codegen
+    if target_vector_bytes() < 64:
+        pytest.skip("this host's kernels use vectors of 256 bits at most")
+    tuned(FUSED_VECTOR_BITS=512)
+    sources, generate = [], codegen.generate_source
+
+    def recorded(*args, **kwargs):
+        sources.append(generate(*args, **kwargs))
+        return sources[-1]
+    monkeypatch.setattr(codegen, "generate_source", recorded)
+    x = K.placeholder((None, 7))
+    f = K.function([x], [K.tanh(x * 1.7 + 0.25) * 3.0])
+    sources.clear()  # those of the function itself
+    K.export(f, str(tmp_path / "v3"))
+    assert sources and not any("prefer_vector_width" in text for text in sources)
+    xv = np.random.default_rng(3).standard_normal((64, 7)).astype(np.float32)
+    got = predict_in_subprocess(tmp_path / "v3", xv, tmp_path)
+    for b in BATCHES:
+        np.testing.assert_allclose(got[b, 1], np.tanh(xv[:b] * 1.7 + 0.25) * 3.0, rtol=1e-5,
+                                   atol=1e-6)
+    flags = cpu_flags()
+    if flags is not None and "avx512f" in flags:
+        sources.clear()
+        K.export(f, str(tmp_path / "v4"), target="x86-64-v4")
+        assert any("prefer_vector_width(512)" in text for text in sources)
+
+
 # Runs with KERAS_BACKEND=numbackend: builds a small mnist_cnn, saves it with
 # model.save, its weights and its predictions.
 KERAS_CNN = textwrap.dedent('''

@@ -274,7 +274,6 @@ def matmul_packed(a, packed, out):
              ldo)
 
 
-
 _matmul_packed_by_address = by_address(matmul_packed)
 
 

@@ -34,10 +34,9 @@ from .graph import Constant, Variable
 from .ops import OPS, is_float_matrix_product
 
 # Compiled forms of products: of float32 or float64 matrices through NumPy's
-# BLAS, and with the right operand packed before the lines run
-# (jit_kernels.packed; a scan's loop picks one by the rows).
-# the calls of a product in generated code (a step's by a scan's invariant: on its
-# panels or through BLAS, chosen at run time; all steps' at once where hoisted)
+# BLAS; a scan step's by an invariant on its panels packed before the loop or
+# through BLAS, as the loop chooses by the rows, and all steps' at once where
+# hoisted (jit_kernels.packed).
 PRODUCT, STEP_PRODUCT, STEPS_PRODUCT = "blas.matmul", "packed.step_product", "packed.steps_product"
 # The transposition flags of PRODUCT as typed bools, not literals: Numba
 # compiles a function again for each pattern of literal arguments it is called with.
@@ -343,29 +342,28 @@ class Dot(Lowering):
 
     @staticmethod
     def _product_lines(node, ins, out, render):
-        """Through BLAS; by a ``packable`` value (a scan's invariant) on its
-        packed panels where the loop's ``packed_products`` is true; of a
-        ``sliced`` sequence by it, for all the loop's steps at once by the
-        hoisting lines where ``hoisted_products`` is true."""
+        """Through BLAS; by a ``packable`` value (a scan's invariant) through
+        STEP_PRODUCT, on its packed panels where the loop's ``packed_products``
+        is true; of a ``sliced`` sequence by it, for all the loop's steps at
+        once by the hoisting line (STEPS_PRODUCT) where ``hoisted_products`` is
+        true."""
         ta, tb = bool(node.attrs.get("transpose_a")), bool(node.attrs.get("transpose_b"))
-        rows = f"{ins[0]}.shape[{1 if ta else 0}]"
-        cols = f"{ins[1]}.shape[{0 if tb else 1}]"
-        operands = f"({ins[0]}, {ins[1]}, {out}, {_FLAG[ta]}, {_FLAG[tb]})"
-        lines = [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})"]
         if ta or ins[1] not in render.packable:
-            return lines + [PRODUCT + operands]
+            rows = f"{ins[0]}.shape[{1 if ta else 0}]"
+            cols = f"{ins[1]}.shape[{0 if tb else 1}]"
+            return [f"{out} = np.empty(({rows}, {cols}), dtype=np.{node.dtype})",
+                    f"{PRODUCT}({ins[0]}, {ins[1]}, {out}, {_FLAG[ta]}, {_FLAG[tb]})"]
         # the choice between panels and BLAS, and the hoisting, are library
         # kernels called by address: written out at every product, both ways
         # made the bulk of a large loop's code and of its compile
         panels = render.packings.setdefault((ins[1], tb), f"packed{len(render.packings)}")
-        step = [f"{out} = {STEP_PRODUCT}({ins[0]}, {ins[1]}, {panels}, {_FLAG[tb]}, packed_products)"]
+        step = f"{out} = {STEP_PRODUCT}({ins[0]}, {ins[1]}, {panels}, {_FLAG[tb]}, packed_products)"
         if ins[0] not in render.sliced:
-            return step
+            return [step]
         whole, steps = render.sliced[ins[0]], f"hoisted{len(render.hoistings)}"
         render.hoistings.append(f"{steps} = {STEPS_PRODUCT}({whole}, earliest, last, lo, hi, {ins[1]}, "
                                 f"{_FLAG[tb]}, hoisted_products)")
-        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:"] + [
-            "    " + line for line in step]
+        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:", f"    {step}"]
 
 
 def _panels(weights):

@@ -184,7 +184,7 @@ def test_threads_saving_one_compiled_code_entry_at_once(tmp_path, monkeypatch):
     # each writer has a temporary file of its own, renamed over the entry: a name
     # shared by the threads of a process (path.<pid>.tmp) was renamed away by the
     # first, and the others failed (FileNotFoundError)
-    from jit_kernels import compiling
+    from jit_kernels import cache_folders, compiling
     threads = 4
     barrier = threading.Barrier(threads)
 
@@ -192,7 +192,7 @@ def test_threads_saving_one_compiled_code_entry_at_once(tmp_path, monkeypatch):
         opened = open(file, mode, *args, **kwargs)  # noqa: SIM115 - closed by the caller
         return opened if "r" in mode else _FileWaitingOnOthers(opened, barrier)
 
-    monkeypatch.setattr(compiling, "open", open_waiting_on_others, raising=False)
+    monkeypatch.setattr(cache_folders, "open", open_waiting_on_others, raising=False)
     entry = tmp_path / "entry.nbc"
     errors = []
 
@@ -313,8 +313,8 @@ def open_on_a_full_disk(file, mode="r", *args, **kwargs):
 
 def test_a_kernel_module_that_cannot_be_written_is_run_from_memory(tmp_path, monkeypatch):
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
-    from jit_kernels import compiling
-    monkeypatch.setattr(compiling, "open", open_on_a_full_disk, raising=False)  # its writes
+    from jit_kernels import cache_folders
+    monkeypatch.setattr(cache_folders, "open", open_on_a_full_disk, raising=False)  # its writes
     source = unique_kernel_source()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

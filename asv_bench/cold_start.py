@@ -6,10 +6,14 @@
 For each model (the W3 784-512-512-10 MLP written with K.*, Keras 2.2.5's
 mnist_cnn, and a Keras LSTM(128) over 100 steps of 32 features with a softmax
 Dense), a new process with an empty HOME and an empty NUMBACKEND_CACHE_DIR
-builds the model and predicts N times at batch 1; then a second process does the
-same with the caches the first one left (warm).  Each line gives the time from
-the process's start to its first prediction, the first call alone, and the
-slowest later call.  Where ONNX Runtime is installed, the same MLP and CNN are
+builds the model (the Keras models save their weights, as trained ones, which
+the second process loads) and predicts N times at batch 1; then, once the native entry's
+build that the first started has ended (numbackend/native.py: its function's
+inference plan exported into the cache, by a process of its own), a second
+process does the same with the caches the first one left (warm).  Each line
+gives the time from the process's start to its first prediction, the first call
+alone, the slowest later call, and for the warm process whether a native entry
+served its first call.  Where ONNX Runtime is installed, the same MLP and CNN are
 saved as ONNX files and a new process imports onnxruntime, loads the file and
 predicts once, for the comparison.
 
@@ -20,11 +24,13 @@ only the model's own kernels (``--cold-library``: the seed is left unread, and
 the library's kernels compile too).
 """
 import argparse
+import glob
 import json
 import os
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..")
@@ -63,13 +69,24 @@ else:
     else:
         net = Sequential([layers.LSTM(128, input_shape=(100, 32)), layers.Dense(10, activation="softmax")])
         data = rng.standard_normal((1, 100, 32)).astype("float32")
+    # the trained weights a server loads: saved by the first process, loaded by the second
+    weights = os.path.join(os.environ["HOME"], f"{model}.h5")
+    if os.path.exists(weights):
+        net.load_weights(weights)
+    else:
+        net.save_weights(weights)
     predict = lambda: net.predict(data)
 times = []
+served = None
 for _ in range(calls):
     t = time.perf_counter()
     predict()
     times.append(time.perf_counter() - t)
-print(json.dumps({"to_first": time.perf_counter() - start - sum(times[1:]), "calls": times}))
+    if served is None:
+        function = f if model == "mlp" else net.predict_function
+        served = function._native is not None
+print(json.dumps({"to_first": time.perf_counter() - start - sum(times[1:]), "calls": times,
+                  "native": served}))
 """
 
 ONNX_CHILD = r"""
@@ -107,7 +124,23 @@ def numbackend_runs(model, calls, installed=False, cold_library=False):
         env["NUMBACKEND_PACKAGE_SEED"] = "0"
     env.pop("XDG_CACHE_HOME", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return [run_child(CHILD, [model, str(calls)], env) for _ in range(2)]
+    cold = run_child(CHILD, [model, str(calls)], env)
+    cold["build"] = wait_for_builds(os.path.join(home, ".cache", "numbackend", "native"))
+    return [cold, run_child(CHILD, [model, str(calls)], env)]
+
+
+def wait_for_builds(folder, timeout=300):
+    """Seconds waited until no native entry's build is under way in ``folder``
+    (None where none was: no ``.building`` mark there)."""
+    start = time.perf_counter()
+    waited = None
+    while time.perf_counter() - start < timeout:
+        marks = glob.glob(os.path.join(folder, "*.building"))
+        if not marks:
+            return waited
+        waited = time.perf_counter() - start
+        time.sleep(0.2)
+    raise RuntimeError(f"cold_start: a native entry's build in {folder} ran over {timeout} s")
 
 
 def onnx_files():
@@ -154,6 +187,10 @@ def main():
             slowest = 2 + calls[1:].index(later) if len(calls) > 1 else 0
             line = (f"{model:5s} {label:12s}: start -> first prediction {result['to_first']:6.2f} s "
                     f"(the call {calls[0]:6.2f} s), slowest later call {later:6.3f} s (call {slowest})")
+            if label == "empty caches" and result.get("build") is not None:
+                line += f"; its native entry built {result['build']:.1f} s after it ended"
+            if label == "warm caches":
+                line += "; a native entry served it" if result["native"] else "; no native entry"
             if model in onnx and label == "warm caches":
                 path, shape = onnx[model]
                 ort_first = min(run_child(ONNX_CHILD, [path, json.dumps(shape)], dict(os.environ))["to_first"]

@@ -552,6 +552,8 @@ def main():
     # background worker during the timed calls would time the plan beside a compile
     # (a server warms up first: Function.warmup).
     os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
+    # nor a native entry's build (numbackend/native.py), a process of its own beside them
+    os.environ.setdefault("NUMBACKEND_TUNE_NATIVE_TIER", "off")
     if args.scaling:
         scaling(args)
         return

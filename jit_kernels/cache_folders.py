@@ -45,6 +45,13 @@ def seed_roots():
 _save_root = None  # the cache root of saving_to, where set
 
 
+def configuration():
+    """What the folders of :func:`usable_folder` and :func:`seed_folders` depend
+    on, as a tuple: a change of it may change them."""
+    return (_save_root, _configured_root(), _user_root(), _tempfile.gettempdir(),
+            _os.environ.get("NUMBACKEND_CACHE_SEED"), _os.environ.get("NUMBACKEND_PACKAGE_SEED"))
+
+
 @_contextlib.contextmanager
 def saving_to(root):
     """Save compiled code and generated kernels under the cache root ``root`` in

@@ -19,7 +19,6 @@ import hashlib as _hashlib
 import os as _os
 import re as _re
 import sys as _sys
-import tempfile as _tempfile
 import types as _types
 import warnings as _warnings
 import weakref as _weakref
@@ -286,9 +285,7 @@ def _compiled_folders():
     configuration, memoised per configuration.  Where nothing can be written,
     compiled code stays in memory, after one warning."""
     names = ("numba", target_key())
-    config = (_cache_folders._save_root, _cache_folders._configured_root(),
-              _cache_folders._user_root(), _tempfile.gettempdir(),
-              _os.environ.get("NUMBACKEND_CACHE_SEED"))
+    config = _cache_folders.configuration()
     found = _folders_by_config.get(config)
     if found is None:
         try:

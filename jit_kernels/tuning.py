@@ -289,6 +289,29 @@ _define("EXPORT_CHUNK_ROWS", 32, "rows of a batch",
         "An export's library runs a batch in chunks of this many rows, each chunk's plan "
         "on one thread; read when a model is exported and recorded in its library.")
 
+# --- numbackend/native.py: a function's inference plan as an entry of the cache ---
+
+_define("NATIVE_TIER", "on", "on or off",
+        "chosen: a new process's first call spends most of its time importing Numba and "
+        "loading kernels (0.3-0.5 s for the W3 MLP on the 2-core Xeon VM), where an entry "
+        "loads in about 10 ms",
+        "'on': a function without updates that got its whole call (ONE_CALL_AFTER) has its "
+        "inference plan exported into the cache, by a process of its own at low priority, "
+        "and a later process that builds the same function with the same values serves its "
+        "small calls from that entry without loading Numba; 'off': neither (the test suite "
+        "and the benchmarks, whose processes must not start builds).",
+        choices=("on", "off"))
+_define("NATIVE_MAX_BYTES", 1 << 28, "bytes of a function's pickled form (its values, mostly)",
+        "chosen, not measured as a curve: hashing 256 MB takes about 0.3 s, about what a "
+        "cold process's kernels take to load",
+        "A function whose graph and values pickle to more than this gets no native entry: "
+        "finding one hashes them in the process's first call.")
+_define("NATIVE_BUILD_STALE_S", 600, "seconds",
+        "chosen: a build takes seconds (the W3 MLP's about 3 s on the 2-core Xeon VM, "
+        "mnist_cnn's about 10 s)",
+        "A native entry's build marked as under way for longer than this is taken as dead "
+        "(its process killed), and a later process starts another.")
+
 # --- numbackend/scan_loop.py: a scan's compiled loop over time ---------------
 
 _define("SCAN_SPLIT_MIN_ROWS_PER_THREAD", 4, "rows (axis 0 of the states) per thread",

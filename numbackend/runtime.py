@@ -11,7 +11,7 @@ import numpy as np
 
 from jit_kernels import tuning
 
-from . import tiers
+from . import native, tiers
 from .compiled_plan import argument_types, compile_call
 from .graph import (
     Constant,
@@ -26,6 +26,7 @@ from .graph import (
 from .ops import apply, as_tensor
 from .ops.scan import Body
 from .plan import Plan
+from .rewrite import rewrite
 
 
 def debug_level():
@@ -100,11 +101,23 @@ class Function:
                 break
         self._placeholders, self._targets = placeholders, targets
         self._runners = {}  # the value fed: its runner, where a placeholder has a plan per value
-        self._runner = None if self._per_value is not None else self._new_runner(targets)
         # held from reading the variables to writing their new values, so that
         # calls from several threads lose no update (see core.function)
         self._update_lock = threading.Lock() if self.update_vars else None
         self.name = name
+        # A native entry built for this function and these values by an earlier
+        # process serves the small calls (native.py); the plan is then built by
+        # the first call it does not serve.
+        self._native = None if self.update_vars else native.lookup(
+            self, len(self.inputs), self._per_value)
+        self._native_wanted = not self.update_vars and self._native is None  # built later
+        self._native_calls = 0
+        self._leaving_native = tiers.Later("the plan after the native entry", "function: the "
+                                           "plan did not load, so the native entry serves on")
+        self._runner_lock = threading.Lock()
+        self._runner = None
+        if self._per_value is None and self._native is None:
+            self._runner = self._new_runner(targets)
 
     def __reduce__(self):
         """A function pickles what defines it: its inputs, outputs, updates and name,
@@ -141,8 +154,18 @@ class Function:
             runner = self._runners[value] = self._new_runner(targets, others)
         return runner
 
+    def _plan_runner(self):
+        """The runner of the plan, built on first use where a native entry served
+        the calls before (where no placeholder has a plan per value)."""
+        with self._runner_lock:
+            if self._runner is None:
+                self._runner = self._new_runner(self._targets)
+            return self._runner
+
     def _current(self):
         """The runner of the last call (before any call, that of the default value)."""
+        if self._runner is None and self._per_value is None:
+            return self._plan_runner()
         if self._runner is None:
             default = self._placeholders[self._per_value].default
             self._runner = self._runner_for(0 if default is None else int(default))
@@ -219,12 +242,52 @@ class Function:
         return results[0] if self.single_output else list(results)
 
     def _run(self, arrays):
-        """The targets' values, from the plan of the value fed where a placeholder
-        has a plan per value."""
+        """The targets' values: from the native entry where it serves the call,
+        else from the plan of the value fed where a placeholder has a plan per
+        value, else from the plan."""
+        entry = self._native
+        if entry is not None and not tiers.warming():
+            results = entry.run(arrays)
+            if results is not None:
+                self._native_calls += 1
+                if self._native_calls >= tuning.ONE_CALL_AFTER:
+                    self._leave_native_when_ready(arrays)
+                return results
+            if not entry.current:
+                self._native = None  # a variable was assigned: the plan from now on
+        return self._run_plan(arrays)
+
+    def _leave_native_when_ready(self, arrays):
+        """Leave the native entry once the plan and its whole call are ready,
+        loaded (or compiled) in the background on inputs of zeros shaped like
+        ``arrays``: the entry runs a batch in chunks on one thread each, where
+        the plan's products split between the threads."""
+        def work():
+            zeros = [np.zeros_like(a) for a in arrays]
+
+            def run():
+                with tiers.warming_up():
+                    self._run_plan(zeros)
+            return run
+
+        if self._leaving_native.ready(work):
+            self._native = None
+
+    def _run_plan(self, arrays):
+        """The targets' values from the plan (of the value fed, where a
+        placeholder has a plan per value)."""
         if self._per_value is None:
-            return self._runner.run(arrays)
-        runner = self._runner = self._runner_for(int(arrays.pop(self._per_value)))
-        return runner.run(arrays)
+            runner = self._runner or self._plan_runner()
+        else:
+            value = int(arrays.pop(self._per_value))
+            runner = self._runner = self._runner_for(value)
+        results = runner.run(arrays)
+        if (self._native_wanted and runner.small_calls >= tuning.ONE_CALL_AFTER
+                and runner.one_call is not False
+                and (self._per_value is None or runner is self._runners.get(0))):
+            self._native_wanted = False  # its whole call is due: worth an entry
+            native.build_later(self)
+        return results
 
     def _run_and_update(self, arrays):
         """The outputs, after writing the updates' new values (all computed from the
@@ -253,7 +316,9 @@ class Function:
         """Compile now every tier this function runs for inputs of these batch
         sizes (axis 0), and wait for them: the plan's kernels, the whole call
         (where the inputs are small, see tuning.ONE_CALL_MAX_ELEMENTS) and the
-        loops of its scans.  A server calls it before it serves, and its calls
+        loops of its scans; for a function without updates, also its native
+        entry (native.py), which the processes after it start from, where it
+        has none.  A server calls it before it serves, and its calls
         then compile nothing.  The function runs once per size on inputs of
         zeros (where a placeholder has a plan per value, Keras's learning
         phase, its value is 0: the predict plan); updates are computed, not
@@ -280,6 +345,9 @@ class Function:
                     self._run(arrays)
             finally:
                 gate.leave()
+        if self._native_wanted:
+            self._native_wanted = False
+            native.build_now(self)
 
     def inference_program(self):
         """``(program, inputs, defaults)`` for an export (numbackend/exporting.py):
@@ -292,6 +360,20 @@ class Function:
         inputs = [x for i, x in enumerate(self.inputs) if i != self._per_value]
         return self._runner_for(0).plan.program, inputs, list(self._defaults)
 
+    def inference_graph(self):
+        """``(nodes, placeholders, targets)`` of the plan that predicts, its
+        targets rewritten as a plan's graph is (rewrite.rewrite: where a
+        placeholder has a plan per value, Keras's learning phase, it is 0 and a
+        switch on it is its branch), ``nodes`` its nodes in the order they
+        pickle (:func:`graph_nodes`): what a native entry is keyed by
+        (native.py).  Raises TypeError where a node cannot be pickled."""
+        placeholders, targets = list(self._placeholders), list(self._targets)
+        if self._per_value is not None:
+            fixed = placeholders.pop(self._per_value)
+            targets = substitute(targets, {fixed.id: Constant(0, dtype=fixed.dtype)})
+        targets = rewrite(targets)
+        return graph_nodes([placeholders, targets], "native key"), placeholders, targets
+
     def inference_run(self, arrays):
         """The values of :meth:`inference_program`'s targets for ``arrays`` (one
         per input it gives, of its dtype, C-contiguous), its defaults added:
@@ -303,7 +385,10 @@ class Function:
     def explain(self):
         """The compiled plan, one line per step (where a placeholder has a plan per
         value, the plan of the value last fed: before any call, of its default)."""
-        return self._current().explain()
+        text = self._current().explain()
+        if self._native is not None:
+            text += f"\n     (small calls served by the native entry {self._native.path})"
+        return text
 
     def kernel_sources(self):
         """The generated source of each kernel the plan calls."""

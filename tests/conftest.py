@@ -12,6 +12,9 @@ os.environ.setdefault("KERAS_HOME", tempfile.mkdtemp(prefix="numbackend-keras-ho
 # check it (tests/test_tiers.py checks the default, background compiles).
 os.environ.setdefault("NUMBACKEND_TUNE_TIER_COMPILE", "in_call")
 os.environ.setdefault("NUMBACKEND_TUNE_SCAN_LOOP_AFTER", "1")
+# No native entries (a process of their own for each function called often):
+# tests/test_native.py turns them on where it checks them.
+os.environ.setdefault("NUMBACKEND_TUNE_NATIVE_TIER", "off")
 
 
 @pytest.fixture

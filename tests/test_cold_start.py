@@ -10,6 +10,7 @@ _PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "cold_st
 
 def test_the_children_run_without_the_harness_tuning(monkeypatch):
     monkeypatch.delenv("NUMBACKEND_TUNE_TIER_COMPILE", raising=False)
+    monkeypatch.delenv("NUMBACKEND_TUNE_NATIVE_TIER", raising=False)
     spec = importlib.util.spec_from_file_location("cold_start_under_test", _PATH)
     cold_start = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cold_start)
@@ -20,9 +21,11 @@ def test_the_children_run_without_the_harness_tuning(monkeypatch):
         monkeypatch.delitem(sys.modules, name)
     import benchmarks  # noqa: F401
     assert os.environ.get("NUMBACKEND_TUNE_TIER_COMPILE") == "in_call"
+    assert os.environ.get("NUMBACKEND_TUNE_NATIVE_TIER") == "off"
     seen = []
     monkeypatch.setattr(cold_start, "run_child", lambda source, args, env: seen.append(env) or {})
     cold_start.numbackend_runs("mlp", 2)
     assert len(seen) == 2
     assert all("NUMBACKEND_TUNE_TIER_COMPILE" not in env for env in seen)
+    assert all("NUMBACKEND_TUNE_NATIVE_TIER" not in env for env in seen)  # entries on, as for a user
     assert all(env["HOME"] == seen[0]["HOME"] for env in seen)

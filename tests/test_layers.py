@@ -17,7 +17,7 @@ LAYERS = [
     ("autodiff", {"autodiff"}),
     ("compile", {"rewrite", "partition", "lowering", "program"}),
     ("code generation", {"codegen", "compiled_plan", "scan_loop", "plan"}),
-    ("runtime", {"runtime"}),
+    ("runtime", {"runtime", "native"}),
     ("API", {"core", "math", "nn", "conv", "rnn", "ctc", "random", "sparse", "updates",
              "keras1", "keras_compat", "batch_inference", "compile_report", "exporting",
              "export_files", "__init__",

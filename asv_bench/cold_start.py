@@ -137,6 +137,8 @@ def wait_for_builds(folder, timeout=300):
     while time.perf_counter() - start < timeout:
         marks = glob.glob(os.path.join(folder, "*.building"))
         if not marks:
+            if waited is not None:
+                time.sleep(1.0)  # the build's process removes its mark, then exits
             return waited
         waited = time.perf_counter() - start
         time.sleep(0.2)

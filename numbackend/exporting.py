@@ -264,7 +264,8 @@ def _verify(folder, function, program, fed, inputs):
     want = function.inference_run(arrays)
     with tempfile.TemporaryDirectory() as work:
         np.savez(os.path.join(work, "inputs.npz"), **{f"x{i}": a for i, a in enumerate(arrays)})
-        done = subprocess.run([sys.executable, "-c", _VERIFY_SCRIPT, folder,
+        # -B: the check leaves no bytecode in the folder
+        done = subprocess.run([sys.executable, "-B", "-c", _VERIFY_SCRIPT, folder,
                                os.path.join(work, "inputs.npz"), os.path.join(work, "out.npz")],
                               check=False, capture_output=True, text=True, cwd=work, timeout=600)
         if done.returncode != 0:

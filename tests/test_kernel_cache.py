@@ -109,7 +109,8 @@ def test_compiled_code_is_keyed_by_the_bytes_of_its_source_file(tmp_path):
     # a file rewritten with other bytes of the same size and time (a kernel
     # module rewritten after it was found corrupt) ran the old file's code
     source = tmp_path / "cached_kernel.py"
-    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path / "cache"))
+    # no bytecode: Python's own (keyed by time and size) would run the old file's code
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path / "cache"), PYTHONDONTWRITEBYTECODE="1")
 
     def write(body):
         source.write_text("from jit_kernels import njit_cached\n\n\n"

@@ -289,6 +289,24 @@ def run_parts(count, part):
     return results
 
 
+def run_row_parts(rows, run):
+    """``run(lo, hi)`` for parts of the rows [0, rows) that together cover them,
+    one per thread of OpenBLAS's pool, at once (:func:`run_parts`); on the
+    calling thread alone where the pool has one thread (as inside a part) or
+    there is one row.  False, running nothing, where the pool cannot be used
+    (NumPy's BLAS is not OpenBLAS)."""
+    threads = blas.threads()
+    if threads == 0:
+        return False
+    count = min(threads, rows)
+    if count < 2:
+        run(0, rows)
+        return True
+    bounds = [rows * i // count for i in range(count + 1)]
+    run_parts(count, lambda i: run(bounds[i], bounds[i + 1]))
+    return True
+
+
 def pool_from_compiled():
     """Whether compiled code can call :func:`run_compiled` and
     :func:`threads_from_compiled` (OpenBLAS's pool is bound)."""

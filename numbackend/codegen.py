@@ -31,6 +31,7 @@ source in hand (see :func:`load_kernel`).
 """
 import collections
 import contextlib
+import functools
 import hashlib
 import os
 import sys
@@ -39,12 +40,12 @@ import types
 import warnings
 import weakref
 
-from . import tuning
+from . import tiers, tuning
 from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 14
+CODEGEN_VERSION = 15
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -171,6 +172,7 @@ def generate_source(spec, into=False):
     emit("import numpy as np")
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached, parallel_ok")
+    emit("from numbackend.codegen import ParallelLoop")
     if into:
         emit("from jit_kernels import parts")
     if "vm." in text:
@@ -209,15 +211,68 @@ def generate_source(spec, into=False):
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
     args = ", ".join(_kernel_args(spec, buffers))
+    # the serial loop releases the GIL: row parts run it on several threads at once
     for variant, decorator, loop in (("par", f"njit_cached(parallel=True, {flags})", "prange"),
-                                     ("ser", f"njit_cached({flags})", "range")):
+                                     ("ser", f"njit_cached(nogil=True, {flags})", "range")):
         emit("")
         emit("")
         emit(f"@{decorator}")
         emit(f"def kernel_{variant}({args}):")
         for line in body:
             emit("    " + line.replace("PRANGE", loop))
+    emit("")
+    emit("")
+    emit("PARALLEL = ParallelLoop(kernel_par)")
     return "\n".join(lines) + "\n"
+
+
+class ParallelLoop:
+    """A fused kernel's parallel loop as a later tier (tiers.py): Numba compiles
+    a ``prange`` loop for seconds, its serial loop in a fraction of that.  Large
+    calls run the serial loop on row parts of OpenBLAS's threads
+    (jit_kernels.parts.run_row_parts: the same values, bit for bit) until the
+    parallel loop is compiled: from the second large call, in the background
+    (the first call of a plan compiles its other kernels, which a compile on
+    the worker would hold up: Numba compiles one function at a time); at once
+    where tiers compile in the call (tuning.TIER_COMPILE, a warm-up).  Later
+    signatures compile in their calls."""
+
+    def __init__(self, dispatcher):
+        self.dispatcher = dispatcher
+        self._compiles = {}  # argument types -> its tiers.Job
+        self._large_calls = 0
+        self._lock = threading.Lock()
+        self._warned = False
+        # once a compile is done, calls check nothing more: a signature after the
+        # first compiles in its call, as Numba does (the typing costs microseconds)
+        self.compiled = False
+
+    def ready(self, *args):
+        """Whether the parallel loop is compiled for ``args``' types (a large
+        call's; see the class's docstring for when its compile starts)."""
+        self._large_calls += 1
+        if self._large_calls < 2 and not tiers.in_call():
+            return False
+        from numba import typeof
+        signature = tuple(typeof(a) for a in args)
+        job = self._compiles.get(signature)
+        if job is None:
+            with self._lock:
+                job = self._compiles.get(signature)
+                if job is None:
+                    job = self._compiles[signature] = tiers.submit(
+                        "a parallel loop", functools.partial(self.dispatcher.compile, signature))
+        if not job.done:
+            return False
+        if job.error is not None:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"numbackend: a fused kernel's parallel loop did not compile "
+                              f"({type(job.error).__name__}: {str(job.error)[:200]}); it runs "
+                              "its serial loop on row parts", stacklevel=3)
+            return False
+        self.compiled = True
+        return True
 
 
 def _epilogue_part(spec, params):
@@ -305,10 +360,29 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
         emit(f"kernel_ser({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
     else:
         work = f"R * C * {work_per_element(spec)}"
-        emit(f"if {work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok():")
-        emit(f"    kernel_par({', '.join(args)})")
-        emit("else:")
+        emit(f"if not ({work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok()):")
         emit(f"    kernel_ser({', '.join(args)})")
+        emit("    return (" + "".join(o + ", " for o in outs) + ")")
+        n_in = len(spec.inputs)
+        for k in range(2, len(args)):  # each argument once, for the parts to slice
+            if not args[k].isidentifier():
+                emit(f"a{k} = {args[k]}")
+                args[k] = f"a{k}"
+        emit(f"if not (PARALLEL.compiled or PARALLEL.ready({', '.join(args)})):")
+        # the serial loop on row parts (flat: parts of R * C) on OpenBLAS's
+        # threads, while the parallel loop compiles in the background
+        row_wise = ([p != "S" and (spec.flat or p in "FWR") for p, _, _ in spec.inputs]
+                    + [True] * len(spec.outputs))
+        part = ["hi - lo", "1" if spec.flat else "C"]
+        part += [f"{a}[lo:hi]" if rows else a
+                 for a, rows in zip(args[2:2 + n_in + len(spec.outputs)], row_wise)]
+        part += [f"np.empty((min(hi - lo, {tuning.FUSED_ROW_BLOCKS}), C), dtype={scalar_type(ct)})"
+                 for _, ct in buffers]
+        emit("    from jit_kernels import parts")
+        emit(f"    if parts.run_row_parts({'R * C' if spec.flat else 'R'}, "
+             f"lambda lo, hi: kernel_ser({', '.join(part)})):")
+        emit("        return (" + "".join(o + ", " for o in outs) + ")")
+        emit(f"kernel_par({', '.join(args)})")
     emit("return (" + "".join(o + ", " for o in outs) + ")")
     return lines
 

@@ -167,6 +167,66 @@ def record_loops(monkeypatch, kernel):
     return calls
 
 
+@needs_blas
+@pytest.mark.parametrize("flat", [True, False])
+def test_a_large_call_runs_row_parts_until_the_parallel_loop_has_compiled(
+        monkeypatch, tuned, flat):
+    """Where tiers compile in the background, large calls run the serial loop
+    on parts of the rows, one per BLAS thread: the first, then the next ones
+    while the parallel loop compiles (from the second); then the parallel loop,
+    with the same bits."""
+    import threading
+
+    from jit_kernels import blas
+    from numbackend import tiers
+    tuned(TIER_COMPILE="background")
+    hold = threading.Event()
+    holding = tiers.submit("holding the worker", lambda: hold.wait(120))
+    try:
+        if flat:
+            x = K.placeholder((None,))
+            f = K.function([x], [ops.apply("tanh", x) * 2.0 - x])
+            v = np.linspace(-3, 3, tuning.FUSED_PARALLEL_MIN_WORK + 7).astype(np.float32)
+            rows = v.size
+        else:
+            x = K.placeholder((None, 300))
+            bias = np.linspace(-1, 1, 300).astype(np.float32)
+            f = K.function([x], [numbackend.softmax(ops.apply("tanh", x) * 2.0 + K.variable(bias))])
+            v = np.random.default_rng(3).standard_normal((4099, 300)).astype(np.float32)
+            rows = v.shape[0]
+        (kernel,) = f.plan.kernels
+        calls = []
+        for variant in ("kernel_par", "kernel_ser"):
+            original = getattr(kernel, variant)
+            monkeypatch.setattr(kernel, variant,
+                                lambda *a, variant=variant, original=original:
+                                calls.append((variant, int(a[0]))) or original(*a))
+        first = f([v])[0]
+        v64 = v.astype(np.float64)
+        if flat:
+            want = np.tanh(v64) * 2.0 - v64
+        else:
+            z = np.tanh(v64) * 2.0 + bias
+            want = np.exp(z - z.max(axis=1, keepdims=True))
+            want /= want.sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(first, want, rtol=2e-6, atol=1e-6)
+        parts = min(blas.threads(), rows)
+        assert {variant for variant, _ in calls} == {"kernel_ser"}
+        assert len(calls) == parts and sum(n for _, n in calls) == rows
+        assert kernel.PARALLEL._compiles == {}  # the first large call starts no compile
+        calls.clear()
+        np.testing.assert_array_equal(f([v])[0], first)  # the second starts it, held
+        assert len(calls) == parts and len(kernel.PARALLEL._compiles) == 1
+    finally:
+        hold.set()
+    assert holding.wait(120)
+    (compile_job,) = kernel.PARALLEL._compiles.values()
+    assert compile_job.wait(300) and compile_job.error is None
+    calls.clear()
+    np.testing.assert_array_equal(f([v])[0], first)
+    assert calls == [("kernel_par", rows)]
+
+
 def test_the_loop_is_chosen_by_the_work(monkeypatch):
     """Cheap kernels stay serial up to FUSED_PARALLEL_MIN_WORK elements; one with a
     vmath function goes parallel from a quarter of that."""

@@ -6,9 +6,11 @@ created with the defaults when missing.  When Keras 2.2.5 loads numbackend
 it keeps these settings in ``keras.backend.common``; ``floatx()`` and
 ``epsilon()`` then read them from there so that both agree.
 """
+import contextlib
 import json
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -68,10 +70,29 @@ def load_config():
     else:
         try:
             os.makedirs(keras_dir(), exist_ok=True)
-            with open(path, "w") as f:
-                json.dump(_DEFAULTS, f, indent=4)
+            _create_whole(path, json.dumps(_DEFAULTS, indent=4))
         except OSError:
             pass  # a read-only home is fine: the defaults stand
+
+
+def _create_whole(path, text):
+    """Create the file ``path`` holding ``text``, where it does not exist: written
+    under another name, then linked to ``path``, so that another process reading
+    it (several starting at once) or a full disk never leaves or sees part of it,
+    and a file another process made in the meantime is kept."""
+    descriptor, temporary = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".keras.json.",
+                                             suffix=".tmp")
+    os.close(descriptor)
+    try:
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(temporary, 0o666 & ~mask)  # as open() would have made it
+        with open(temporary, "w") as f:
+            f.write(text)
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        os.remove(temporary)
 
 
 def _keras_common():

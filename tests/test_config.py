@@ -1,5 +1,7 @@
 """numbackend.config: keras.json, floatx, epsilon, image layout, backend name, learning phase."""
+import errno
 import json
+import os
 import sys
 import types
 
@@ -36,6 +38,37 @@ def test_load_config_creates_the_file(tmp_path):
     config.load_config()
     assert json.loads(path.read_text()) == DEFAULTS
     assert K.floatx() == "float32" and K.epsilon() == 1e-7
+
+
+def test_a_keras_json_cut_short_by_a_full_disk_is_never_left(tmp_path, monkeypatch):
+    # keras.json was written in place: a full disk (or a process starting at the
+    # same time, reading it) left half of it, and every later import failed
+    class FullDisk:
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data):
+            self.file.write(data[:len(data) // 2])
+            self.file.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.file.close()
+
+    def open_on_a_full_disk(file, mode="r", *args, **kwargs):
+        opened = open(file, mode, *args, **kwargs)  # noqa: SIM115 - closed by FullDisk
+        return opened if "r" in mode else FullDisk(opened)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(config, "open", open_on_a_full_disk, raising=False)
+        config.load_config()  # the defaults stand
+    assert not (tmp_path / "keras_home" / "keras.json").exists()
+    assert os.listdir(tmp_path / "keras_home") == []
+    config.load_config()
+    assert json.loads((tmp_path / "keras_home" / "keras.json").read_text()) == DEFAULTS
 
 
 def test_load_config_reads_the_file(tmp_path):

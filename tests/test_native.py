@@ -72,10 +72,10 @@ def weights():
 DATA = np.linspace(-1, 1, 12, dtype="float32").reshape(2, 6)
 
 
-def run(cache, mode="plain", calls=3, check=True):
+def run(cache, mode="plain", calls=3, **environment):
     env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(cache), NUMBACKEND_TUNE_NATIVE_TIER="on",
                NUMBACKEND_TUNE_TIER_COMPILE="in_call", NUMBACKEND_TUNE_ONE_CALL_AFTER="2",
-               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""), **environment)
     done = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(calls)], env=env, cwd=str(cache),
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -135,6 +135,24 @@ def test_the_entry_leaves_for_the_plan_after_one_call_after_calls(built, tmp_pat
     want = mlp(DATA, *weights())
     for got in result["outputs"]:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_an_entry_in_a_read_only_seed_serves(built, tmp_path):
+    # a container image's seed: its entries are read where another cache is written
+    seed = copy_of(built, tmp_path)
+    for folder, _, files in os.walk(seed):
+        for name in files:
+            os.chmod(os.path.join(folder, name), 0o444)
+        os.chmod(folder, 0o555)
+    writable = tmp_path / "writable"
+    writable.mkdir()
+    try:
+        result, _ = run(writable, calls=1, NUMBACKEND_CACHE_SEED=str(seed))
+    finally:
+        for folder, _, _ in os.walk(seed):
+            os.chmod(folder, 0o755)
+    assert result["native"] and not result["numba_after_first"]
+    np.testing.assert_allclose(result["outputs"][0], mlp(DATA, *weights()), rtol=1e-5, atol=1e-7)
 
 
 def test_an_assignment_after_the_lookup_leaves_the_entry(built, tmp_path):

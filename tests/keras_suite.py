@@ -225,6 +225,8 @@ def run(paths, pytest_args, workdir):
     report = os.path.join(workdir, "report.xml")
     env = dict(os.environ, KERAS_BACKEND="numbackend",
                KERAS_HOME=os.path.join(workdir, "keras-home"))
+    # no native entries: each function a test calls often would start a build process
+    env.setdefault("NUMBACKEND_TUNE_NATIVE_TIER", "off")
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={report}",
                "-o", "junit_family=xunit1", *paths]
     for folder in EXCLUDED:

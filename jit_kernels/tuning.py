@@ -242,6 +242,16 @@ _define("SCAN_LOOP_AFTER", 2, "calls of a scan (any function running it)",
         "from Python.",
         decides="after how many calls a scan's steps run in its compiled loop instead of "
                 "from Python (1: from the first call; 10**9: never)")
+_define("PARALLEL_LOOP_AFTER", 2, "large calls of a fused kernel (see FUSED_PARALLEL_MIN_WORK)",
+        "chosen, not measured as a curve: a plan's first call compiles its kernels, which a "
+        "parallel loop compiling on the worker would hold up (Numba compiles one function at "
+        "a time); a softmax over 4096 x 1000 on the 2-core Xeon VM, empty caches: first call "
+        "2.2 s with its parallel loop, 0.9-1.1 s without",
+        "A fused kernel's large calls run its serial loop on row parts of OpenBLAS's threads "
+        "until its parallel loop has compiled, which starts (in the background, see "
+        "TIER_COMPILE) at this large call.",
+        decides="from which large call a fused kernel's parallel loop compiles (1: its "
+                "first; 10**9: never, where tiers compile in the background)")
 _define("TIER_COMPILE", "background", "where a later tier compiles",
         "chosen: a serving call must not wait seconds for a compile",
         "Where the later tiers of a function (the whole call, see ONE_CALL_AFTER; a "

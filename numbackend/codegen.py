@@ -231,7 +231,8 @@ class ParallelLoop:
     a ``prange`` loop for seconds, its serial loop in a fraction of that.  Large
     calls run the serial loop on row parts of OpenBLAS's threads
     (jit_kernels.parts.run_row_parts: the same values, bit for bit) until the
-    parallel loop is compiled: from the second large call, in the background
+    parallel loop is compiled: from the PARALLEL_LOOP_AFTER-th large call
+    (tuning; the second), in the background
     (the first call of a plan compiles its other kernels, which a compile on
     the worker would hold up: Numba compiles one function at a time); at once
     where tiers compile in the call (tuning.TIER_COMPILE, a warm-up).  Later
@@ -251,7 +252,7 @@ class ParallelLoop:
         """Whether the parallel loop is compiled for ``args``' types (a large
         call's; see the class's docstring for when its compile starts)."""
         self._large_calls += 1
-        if self._large_calls < 2 and not tiers.in_call():
+        if self._large_calls < tuning.PARALLEL_LOOP_AFTER and not tiers.in_call():
             return False
         from numba import typeof
         signature = tuple(typeof(a) for a in args)

@@ -268,6 +268,8 @@ def build_later(function):
     under way or refused) from a thread of its own: the pickle and the start of
     the process take milliseconds, which the call does not wait for.  Not a
     daemon: a process that ends at once still starts its build."""
+    if not enabled():
+        return
     threading.Thread(target=_start_build_or_warn, args=(function,), name="numbackend-native",
                      daemon=False).start()
 

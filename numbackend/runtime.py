@@ -110,10 +110,13 @@ class Function:
         # the first call it does not serve.
         self._native = None if self.update_vars else native.lookup(
             self, len(self.inputs), self._per_value)
-        self._native_wanted = not self.update_vars and self._native is None  # built later
-        self._native_calls = 0
-        self._leaving_native = tiers.Later("the plan after the native entry", "function: the "
-                                           "plan did not load, so the native entry serves on")
+        self._native_wanted = (not self.update_vars and self._native is None
+                               and native.enabled())  # built once the whole call is due
+        if self._native is not None:
+            self._native_calls = 0
+            self._leaving_native = tiers.Later("the plan after the native entry", "function: "
+                                               "the plan did not load, so the native entry "
+                                               "serves on")
         self._runner_lock = threading.Lock()
         self._runner = None
         if self._per_value is None and self._native is None:
@@ -148,11 +151,16 @@ class Function:
         ``value``, a constant there (K.in_train_phase then takes its branch alone)."""
         runner = self._runners.get(value)
         if runner is None:
-            fixed = self._placeholders[self._per_value]
-            targets = substitute(self._targets, {fixed.id: Constant(value, dtype=fixed.dtype)})
-            others = [p for p in self._placeholders if p is not fixed]
-            runner = self._runners[value] = self._new_runner(targets, others)
+            placeholders, targets = self._graph_for(value)
+            runner = self._runners[value] = self._new_runner(targets, placeholders)
         return runner
+
+    def _graph_for(self, value):
+        """``(placeholders, targets)`` where the placeholder with a plan per value
+        is the constant ``value`` (that placeholder left out)."""
+        fixed = self._placeholders[self._per_value]
+        targets = substitute(self._targets, {fixed.id: Constant(value, dtype=fixed.dtype)})
+        return [p for p in self._placeholders if p is not fixed], targets
 
     def _plan_runner(self):
         """The runner of the plan, built on first use where a native entry served
@@ -367,10 +375,8 @@ class Function:
         switch on it is its branch), ``nodes`` its nodes in the order they
         pickle (:func:`graph_nodes`): what a native entry is keyed by
         (native.py).  Raises TypeError where a node cannot be pickled."""
-        placeholders, targets = list(self._placeholders), list(self._targets)
-        if self._per_value is not None:
-            fixed = placeholders.pop(self._per_value)
-            targets = substitute(targets, {fixed.id: Constant(0, dtype=fixed.dtype)})
+        placeholders, targets = (self._graph_for(0) if self._per_value is not None
+                                 else (list(self._placeholders), list(self._targets)))
         targets = rewrite(targets)
         return graph_nodes([placeholders, targets], "native key"), placeholders, targets
 

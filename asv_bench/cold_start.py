@@ -13,7 +13,9 @@ inference plan exported into the cache, by a process of its own), a second
 process does the same with the caches the first one left (warm).  Each line
 gives the time from the process's start to its first prediction, the first call
 alone, the slowest later call, and for the warm process whether a native entry
-served its first call.  Where ONNX Runtime is installed, the same MLP and CNN are
+served its first call.  A third kind of process loads that native entry as
+the export it is (NumPy alone, as a server of an exported model starts) and
+predicts once.  Where ONNX Runtime is installed, the same MLP and CNN are
 saved as ONNX files and a new process imports onnxruntime, loads the file and
 predicts once, for the comparison.
 
@@ -27,6 +29,7 @@ import argparse
 import glob
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -89,6 +92,19 @@ print(json.dumps({"to_first": time.perf_counter() - start - sum(times[1:]), "cal
                   "native": served}))
 """
 
+# A process that predicts from an export (numbackend/exporting.py) as a user's
+# would: the native entry the first process left is one, built for this CPU.
+EXPORT_CHILD = r"""
+import json, os, sys, time
+start = time.perf_counter()
+import numpy as np
+path, shape = sys.argv[1], json.loads(sys.argv[2])
+sys.path.insert(0, os.path.dirname(path))
+model = __import__(os.path.basename(path))
+model.predict(np.ones(shape, np.float32))
+print(json.dumps({"to_first": time.perf_counter() - start}))
+"""
+
 ONNX_CHILD = r"""
 import json, sys, time
 start = time.perf_counter()
@@ -125,8 +141,21 @@ def numbackend_runs(model, calls, installed=False, cold_library=False):
     env.pop("XDG_CACHE_HOME", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     cold = run_child(CHILD, [model, str(calls)], env)
-    cold["build"] = wait_for_builds(os.path.join(home, ".cache", "numbackend", "native"))
-    return [cold, run_child(CHILD, [model, str(calls)], env)]
+    native = os.path.join(home, ".cache", "numbackend", "native")
+    cold["build"] = wait_for_builds(native)
+    warm = run_child(CHILD, [model, str(calls)], env)
+    entries = [name for name in os.listdir(native) if "." not in name] if os.path.isdir(native) else []
+    if len(entries) == 1:
+        # a copy under an importable name, as `python -m numbackend export` would write
+        exported = os.path.join(tempfile.mkdtemp(prefix="cold-start-export-"), f"exported_{model}")
+        shutil.copytree(os.path.join(native, entries[0]), exported)
+        warm["export"] = min(run_child(EXPORT_CHILD, [exported, json.dumps(EXAMPLE_SHAPES[model])],
+                                       env)["to_first"] for _ in range(3))
+    return [cold, warm]
+
+
+# the examples' shapes (Keras's channels-last)
+EXAMPLE_SHAPES = {"mlp": [1, 784], "cnn": [1, 28, 28, 1], "lstm": [1, 100, 32]}
 
 
 def wait_for_builds(folder, timeout=300):
@@ -199,6 +228,12 @@ def main():
                                 for _ in range(3))
                 line += f"; ONNX Runtime {ort_first:.2f} s ({result['to_first'] / ort_first:.2f}x)"
             print(line, flush=True)
+            if label == "warm caches" and "export" in result:
+                line = (f"{model:5s} {'its export':12s}: start -> first prediction "
+                        f"{result['export']:6.2f} s (NumPy alone: the native entry, loaded as an export)")
+                if model in onnx:
+                    line += f"; ONNX Runtime {ort_first:.2f} s ({result['export'] / ort_first:.2f}x)"
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -316,6 +316,11 @@ _define("NATIVE_MAX_BYTES", 1 << 28, "bytes of a function's pickled form (its va
         "cold process's kernels take to load",
         "A function whose graph and values pickle to more than this gets no native entry: "
         "finding one hashes them in the process's first call.")
+_define("NATIVE_CACHE_MAX_BYTES", 1 << 30, "bytes of the entries in the writable cache",
+        "chosen, not measured: the W3 MLP's entry holds 2.7 MB, mnist_cnn's 5 MB, so about "
+        "two hundred such models",
+        "Each native entry's build, once in place, removes the least recently used entries "
+        "until those left hold at most this (the one just built stays whatever its size).")
 _define("NATIVE_BUILD_STALE_S", 600, "seconds",
         "chosen: a build takes seconds (the W3 MLP's about 3 s on the 2-core Xeon VM, "
         "mnist_cnn's about 10 s)",

@@ -181,6 +181,7 @@ def native_build_command(folder, key):
                 raise
         with contextlib.suppress(OSError):
             os.remove(entry + ".log")  # kept where the build failed
+        native.trim(folder, keep=key)
         return 0
     except Exception:  # noqa: BLE001 - kept: no later process tries this one again
         write_atomically(entry + ".refused", traceback.format_exc().encode())

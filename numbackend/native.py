@@ -30,6 +30,13 @@ with the same values serves its small calls from it, with ctypes and NumPy.
   kernels; its products may sum in another order (verified within
   exporting.VERIFY_TOLERANCE when built).
 
+- **Not built** in a process that has trained (run a function with updates):
+  its values are those of one moment of the training, which no later process
+  loads.  A process that loads the trained weights and predicts builds it.
+- **Trimmed**: each build, once its entry is in place, removes the least
+  recently used entries of the writable folder beyond
+  tuning.NATIVE_CACHE_MAX_BYTES (finding an entry marks it used).
+
 Function.warmup builds the entry at once and waits for it.
 tuning.NATIVE_TIER = "off" turns both the builds and the lookups off.
 """
@@ -60,6 +67,17 @@ _KERNELS = os.path.join(os.path.dirname(_PACKAGE), "jit_kernels")
 
 def enabled():
     return tuning.NATIVE_TIER == "on"
+
+
+_trained = False  # whether a function with updates has run in this process
+
+
+def trained():
+    """Note that this process trains (a function with updates ran): the entries
+    it would build hold values no later process loads, so it builds none
+    (other than by Function.warmup)."""
+    global _trained
+    _trained = True
 
 
 # --- the key ---------------------------------------------------------------------
@@ -195,13 +213,16 @@ def lookup(function, inputs, per_value):
         if not os.path.isdir(path):
             continue
         try:
-            return Entry(path, inputs, per_value, version)
+            entry = Entry(path, inputs, per_value, version)
         except Exception as error:  # noqa: BLE001 - a bad entry is not used, and built again
             cache_folders.warn_once(path, f"numbackend: the native entry {path} is not used "
                                           f"({type(error).__name__}: {error})")
             if folder == _writable_folder():
-                import shutil
-                shutil.rmtree(path, ignore_errors=True)
+                _remove(folder, os.path.basename(path))
+            continue
+        with contextlib.suppress(OSError):
+            os.utime(path)  # used now: the last that trim removes (a seed's stays as it is)
+        return entry
     return None
 
 
@@ -268,7 +289,7 @@ def build_later(function):
     under way or refused) from a thread of its own: the pickle and the start of
     the process take milliseconds, which the call does not wait for.  Not a
     daemon: a process that ends at once still starts its build."""
-    if not enabled():
+    if not enabled() or _trained:
         return
     threading.Thread(target=_start_build_or_warn, args=(function,), name="numbackend-native",
                      daemon=False).start()
@@ -348,3 +369,50 @@ def release(folder, key):
     for suffix in (".pickle", ".building"):
         with contextlib.suppress(OSError):
             os.remove(os.path.join(folder, key + suffix))
+
+
+# --- the folder's size ----------------------------------------------------------
+
+
+def _folder_bytes(path):
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(folder, name))
+    return total
+
+
+def _remove(folder, key):
+    """Remove the entry ``key`` of ``folder``: renamed first, so that a process
+    looking for it finds it whole or not at all."""
+    hidden = os.path.join(folder, f".{key}.{os.getpid()}.removed")
+    try:
+        os.rename(os.path.join(folder, key), hidden)
+    except OSError:
+        return  # gone already, or another process removes it
+    import shutil
+    shutil.rmtree(hidden, ignore_errors=True)
+
+
+def trim(folder, keep):
+    """Remove the least recently used entries of ``folder`` (the writable one)
+    until those left hold at most tuning.NATIVE_CACHE_MAX_BYTES; the entry
+    ``keep`` (the one just built) stays whatever its size.  The time an entry
+    was last used is its folder's modification time (set by lookup)."""
+    entries = []
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if name.startswith(".") or "." in name or not os.path.isdir(path):
+            continue
+        try:
+            used = os.path.getmtime(path)
+        except OSError:
+            continue
+        entries.append((name == keep, used, name, _folder_bytes(path)))
+    total = sum(size for *_, size in entries)
+    for kept, _, name, size in sorted(entries):
+        if total <= tuning.NATIVE_CACHE_MAX_BYTES or kept:
+            break
+        _remove(folder, name)
+        total -= size

@@ -301,6 +301,7 @@ class Function:
         """The outputs, after writing the updates' new values (all computed from the
         values before the call, none written where one has the wrong shape)."""
         results = self._run(arrays)
+        native.trained()
         n = len(self.outputs)
         new_values = results[n:]
         for var, value in zip(self.update_vars, new_values):

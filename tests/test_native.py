@@ -119,8 +119,11 @@ def copy_of(built, tmp_path):
 
 def test_a_later_process_serves_from_the_entry_without_loading_numba(built, tmp_path):
     cache = copy_of(built, tmp_path)
+    entry = cache / "native" / built[1]["plain"]
+    os.utime(entry, (1e9, 1e9))
     result, _ = run(cache, calls=4)
     assert result["native"] and not result["numba_after_first"]
+    assert entry.stat().st_mtime > 1e9 + 1  # marked used: the last that trim removes
     want = mlp(DATA, *weights())
     for got in result["outputs"]:
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
@@ -219,6 +222,63 @@ def test_a_refused_export_is_not_tried_again(tmp_path):
             written = mark.stat().st_mtime_ns
     assert mark.stat().st_mtime_ns == written  # the second process started no build
     assert not list((cache / "native").glob("*.pickle"))
+
+
+def test_a_build_trims_the_folder_to_its_budget_keeping_its_own_entry(built, tmp_path):
+    cache = copy_of(built, tmp_path)
+    script = SCRIPT.replace("h = K.softmax(K.dot(K.relu(K.dot(x, v1)), v2))",
+                            "h = K.softmax(K.dot(K.relu(K.dot(x, v1)), v2) * 2.0)")
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(cache), NUMBACKEND_TUNE_NATIVE_TIER="on",
+               NUMBACKEND_TUNE_TIER_COMPILE="in_call", NUMBACKEND_TUNE_ONE_CALL_AFTER="2",
+               NUMBACKEND_TUNE_NATIVE_CACHE_MAX_BYTES="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", script, "plain", "3"], env=env, cwd=str(cache),
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    new_key = json.loads(done.stdout.strip().splitlines()[-1])["key"]
+    entries, refused = wait_for_build(cache)
+    assert not refused and entries == [new_key]
+    assert os.listdir(cache / "native") == [new_key]  # nothing half-removed left
+
+
+def test_trim_removes_the_least_recently_used_entries_first(tmp_path, tuned):
+    for age, name in enumerate(["newest", "middle", "oldest", "kept"]):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(bytes(1000))
+        used = time.time() - 100 * age
+        os.utime(tmp_path / name, (used, used))
+    (tmp_path / "other.refused").write_text("not an entry")
+    tuned(NATIVE_CACHE_MAX_BYTES=2500)
+    native.trim(str(tmp_path), keep="kept")  # the oldest, yet just built
+    assert sorted(os.listdir(tmp_path)) == ["kept", "newest", "other.refused"]
+
+
+def test_a_process_that_trained_builds_no_entry(monkeypatch, tuned):
+    import threading
+
+    import numbackend as K
+    tuned(NATIVE_TIER="on", ONE_CALL_AFTER=1)
+    monkeypatch.setattr(native, "_trained", False)
+    started = []
+    monkeypatch.setattr(native, "_start_build_or_warn", started.append)
+    x = K.placeholder((None, 2))
+    v = K.variable(np.zeros(2, "float32"))
+    ones = [np.ones((1, 2), "float32")]
+
+    def due():
+        f = K.function([x], [x * v])
+        for _ in range(3):
+            f(ones)
+        for thread in threading.enumerate():
+            if thread.name == "numbackend-native":
+                thread.join()
+        return f
+
+    before = due()
+    train = K.function([x], [x * 2.0], updates=[(v, v + 1.0)])
+    train(ones)
+    due()
+    assert started == [before]
 
 
 def test_the_key_is_the_same_for_the_same_graph_and_values_however_made(tmp_path):

@@ -27,6 +27,21 @@ def copy_into(dst, src):
 
 
 @njit_cached(nogil=True)
+def step_rows(sequence, t, lo, hi):
+    """``sequence[t, lo:hi]``: a scan loop's slice of a sequence at step t, its
+    rows lo:hi, by one call (Numba's slicing code, at each sequence of a loop,
+    was much of the loop's own compile)."""
+    return sequence[t, lo:hi]
+
+
+@njit_cached(nogil=True)
+def copy_step(stacked, t, lo, hi, value):
+    """``stacked[t, lo:hi] = value`` (:func:`copy_into`): a scan loop's step
+    value written into its stack."""
+    copy_into(stacked[t, lo:hi], value)
+
+
+@njit_cached(nogil=True)
 def gather_rows(table, ids):
     """``np.take(table, ids, axis=0)`` for compiled code: the rows of ``table``
     (C-contiguous) picked by the integer array ``ids`` (C-contiguous), of shape

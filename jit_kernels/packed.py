@@ -294,6 +294,27 @@ def step_product(a, b, panels, transpose_b, on_panels):
 
 
 @njit_cached(**_JIT)
+def pack_where(b, transpose_b, wanted):
+    """:func:`pack` ``(b, transpose_b)`` where ``wanted``, else a stack of no
+    panels: a scan's loop packs its weights only where its products run on
+    panels; one call rather than both ways at every weight keeps the loop's
+    own code small to compile."""
+    if wanted:
+        return pack(b, transpose_b)
+    return np.empty((0, 0, 0), dtype=b.dtype)
+
+
+@njit_cached(**_JIT)
+def hoisted_or_step_product(hoisted, index, a, b, panels, transpose_b, on_panels, is_hoisted):
+    """``hoisted[index]`` (a step's product computed before the loop by
+    :func:`steps_product`) where ``is_hoisted``, else :func:`step_product`:
+    one call at each of a scan loop's products of a sequence slice."""
+    if is_hoisted:
+        return hoisted[index]
+    return step_product(a, b, panels, transpose_b, on_panels)
+
+
+@njit_cached(**_JIT)
 def steps_product(sequence, first, end, lo, hi, b, transpose_b, hoisted):
     """The products ``sequence[t, lo:hi] @ op(b)`` of the steps t in [first, end)
     at once, stacked (steps, rows, columns), through BLAS; a stack of no step

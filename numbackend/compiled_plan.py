@@ -33,7 +33,7 @@ from . import codegen, graph, program
 HEADER = ["import numpy as np", "", "from jit_kernels import blas, copying, njit_cached, packed, parts",
           "from jit_kernels.compiling import by_address, by_address_module",
           "from numbackend.codegen import loaded_kernel", "",
-          "packed = by_address_module(packed)", ""]
+          "copying, packed = by_address_module(copying), by_address_module(packed)", ""]
 
 
 class Render:
@@ -135,8 +135,7 @@ class Render:
     @property
     def packing_lines(self):
         # np.bool_: a literal flag would compile pack again (see lowering._FLAG)
-        return [f"{name} = (packed.pack({b}, np.bool_({tb})) if packed_products else "
-                f"np.empty((0, 0, 0), dtype={b}.dtype))"
+        return [f"{name} = packed.pack_where({b}, np.bool_({tb}), packed_products)"
                 for (b, tb), name in self.packings.items()]
 
     @property

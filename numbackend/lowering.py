@@ -38,6 +38,7 @@ from .ops import OPS, is_float_matrix_product
 # through BLAS, as the loop chooses by the rows, and all steps' at once where
 # hoisted (jit_kernels.packed).
 PRODUCT, STEP_PRODUCT, STEPS_PRODUCT = "blas.matmul", "packed.step_product", "packed.steps_product"
+HOISTED_OR_STEP_PRODUCT = "packed.hoisted_or_step_product"
 # The transposition flags of PRODUCT as typed bools, not literals: Numba
 # compiles a function again for each pattern of literal arguments it is called with.
 _FLAG = {False: "np.bool_(False)", True: "np.bool_(True)"}
@@ -357,13 +358,14 @@ class Dot(Lowering):
         # kernels called by address: written out at every product, both ways
         # made the bulk of a large loop's code and of its compile
         panels = render.packings.setdefault((ins[1], tb), f"packed{len(render.packings)}")
-        step = f"{out} = {STEP_PRODUCT}({ins[0]}, {ins[1]}, {panels}, {_FLAG[tb]}, packed_products)"
         if ins[0] not in render.sliced:
-            return [step]
+            return [f"{out} = {STEP_PRODUCT}({ins[0]}, {ins[1]}, {panels}, {_FLAG[tb]}, packed_products)"]
         whole, steps = render.sliced[ins[0]], f"hoisted{len(render.hoistings)}"
         render.hoistings.append(f"{steps} = {STEPS_PRODUCT}({whole}, earliest, last, lo, hi, {ins[1]}, "
                                 f"{_FLAG[tb]}, hoisted_products)")
-        return ["if hoisted_products:", f"    {out} = {steps}[t - earliest]", "else:", f"    {step}"]
+        step = (f"{out} = {HOISTED_OR_STEP_PRODUCT}({steps}, t - earliest, {ins[0]}, {ins[1]}, "
+                f"{panels}, {_FLAG[tb]}, packed_products, hoisted_products)")
+        return [step]
 
 
 def _panels(weights):

@@ -222,11 +222,12 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     lines += ["    " + line for line in rendered.hoistings]
     lines += ["    for n in range(first, stop):",
               "        t = steps - 1 - n if reverse else n"]
-    lines += [f"        p{i} = {name}[t, lo:hi]" for i, name in enumerate(seq_names)]
+    # Slicing and copying through library calls (by address): Numba's code for a
+    # slice and for a slice assignment (whose error path formats strings), at
+    # each sequence and stacked value, was much of a large loop's compile.
+    lines += [f"        p{i} = copying.step_rows({name}, t, lo, hi)" for i, name in enumerate(seq_names)]
     lines += ["        " + line for line in body]
-    # copy_into rather than a slice assignment, whose error path Numba compiles
-    # with string formatting (seconds in a cold process)
-    lines += [f"        copying.copy_into({h}[t, lo:hi], {r})" for h, r in zip(stacked_names, results)]
+    lines += [f"        copying.copy_step({h}, t, lo, hi, {r})" for h, r in zip(stacked_names, results)]
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")

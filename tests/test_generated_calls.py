@@ -64,6 +64,9 @@ def test_a_scan_loop_calls_its_kernels_by_address_and_loads_in_a_new_process(tmp
     loop_calls = {tuple(c) for c in first["called"]["loop"]}
     assert any(m.startswith("numbackend_kernels.k_") and q == "run_serial" for m, q in loop_calls)
     assert ("jit_kernels.packed", "step_product") in loop_calls
+    # and slices its sequences and stacks its values through the library: Numba's
+    # slicing code at each of them made much of a large loop's compile
+    assert {("jit_kernels.copying", "step_rows"), ("jit_kernels.copying", "copy_step")} <= loop_calls
     # a new process binds them again and loads the loop: nothing compiles, the same bits
     second = _run_rnn(tmp_path)
     assert second["close"] and second["compiled"] == 0

@@ -39,6 +39,21 @@ def test_copy_into_refuses_other_shapes_rather_than_broadcasting():
     assert not dst.any()
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bool"])
+def test_a_steps_rows_are_read_and_written_as_numpy_slices_them(dtype):
+    sequence = (np.arange(5 * 6 * 3).reshape(5, 6, 3) % 4).astype(dtype)
+    np.testing.assert_array_equal(copying.step_rows(sequence, 3, 1, 4), sequence[3, 1:4])
+    np.testing.assert_array_equal(copying.step_rows(sequence, 0, 2, 99), sequence[0, 2:])
+    stacked = np.zeros((5, 6, 3), dtype)
+    value = np.ones((3, 3), dtype)
+    want = stacked.copy()
+    want[2, 1:4] = value
+    copying.copy_step(stacked, 2, 1, 4, value)
+    np.testing.assert_array_equal(stacked, want)
+    with pytest.raises(ValueError, match="differ in shape"):
+        copying.copy_step(stacked, 2, 1, 3, value)
+
+
 def test_slice_assignments_are_found():
     assert slice_assignments("a[t, lo:hi] = v\nb[0] = 1\nc[:] = d\n") == [
         "a[t, lo:hi] = v", "c[:] = d"]

@@ -54,6 +54,27 @@ def test_matmul_in_place_matches_the_definition(dtype, m, k, n):
     np.testing.assert_allclose(out, definition(a, b), rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("on_panels", [False, True])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_a_scan_steps_product_is_the_hoisted_one_or_computed(on_panels, transpose_b):
+    rng = np.random.default_rng(5)
+    sequence = rng.standard_normal((4, 7, 5)).astype(np.float32)
+    b = rng.standard_normal((5, WIDTH32 + 3)).astype(np.float32)
+    operand = np.ascontiguousarray(b.T) if transpose_b else b
+    panels = packed.pack_where(operand, np.bool_(transpose_b), on_panels)
+    assert panels.shape[0] == (2 if on_panels else 0)
+    hoisted = packed.steps_product(sequence, 1, 4, 2, 6, operand, np.bool_(transpose_b), True)
+    assert hoisted.shape == (3, 4, WIDTH32 + 3)
+    for t in range(1, 4):
+        want = definition(sequence[t, 2:6], b)
+        got = packed.hoisted_or_step_product(hoisted, t - 1, sequence[t, 2:6], operand, panels,
+                                             np.bool_(transpose_b), on_panels, True)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        stepped = packed.hoisted_or_step_product(hoisted[:0], 0, sequence[t, 2:6], operand, panels,
+                                                 np.bool_(transpose_b), on_panels, False)
+        np.testing.assert_allclose(stepped, want, rtol=1e-5, atol=1e-5)
+
+
 def test_matmul_each_multiplies_each_pair_of_a_stack():
     rng = np.random.default_rng(2)
     a = rng.standard_normal((3, 8, 5)).astype(np.float32)

@@ -21,6 +21,7 @@ _LAZY = {
     "fork_gate": "fork",
     "parallel_ok": "fork",
     "prefer_vector_width": "compiling",
+    "arrays_apart": "compiling",
 }
 
 

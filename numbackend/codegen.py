@@ -45,7 +45,7 @@ from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
 
 # Bump when the generated code changes meaning: it is part of every kernel's key.
-CODEGEN_VERSION = 15
+CODEGEN_VERSION = 16
 
 _SUFFIX = {"float32": "f32", "float64": "f64"}
 _MISMATCH = "numbackend: runtime shapes do not match the compiled broadcast pattern"
@@ -179,13 +179,18 @@ def generate_source(spec, into=False):
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
         emit("from jit_kernels import reduce as rd")
+    # the first line of the loop shared between threads: its body is the
+    # function that Numba outlines for the threads, which holds the loops
+    at = next(i for i, line in enumerate(body) if "PRANGE(" in line) + 1
     bits = vector_bits()
     if bits is not None:
         emit("from jit_kernels import prefer_vector_width")
-        # the first line of the loop shared between threads: its body is the
-        # function that Numba outlines for the threads, which holds the loops
-        at = next(i for i, line in enumerate(body) if "PRANGE(" in line) + 1
         body.insert(at, f"    prefer_vector_width({bits})")
+    if not into:
+        # the outputs are new arrays (run, run_serial): no run-time overlap
+        # checks in the vectorised loops.  run_serial_into may write into an input.
+        emit("from jit_kernels import arrays_apart")
+        body.insert(at, "    arrays_apart()")
     emit("")
     emit(f"MISMATCH = {_MISMATCH!r}")
     emit("")

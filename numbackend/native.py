@@ -47,6 +47,7 @@ import io
 import json
 import os
 import pickle
+import shutil
 import sys
 import threading
 import time
@@ -391,18 +392,33 @@ def _remove(folder, key):
         os.rename(os.path.join(folder, key), hidden)
     except OSError:
         return  # gone already, or another process removes it
-    import shutil
     shutil.rmtree(hidden, ignore_errors=True)
+
+
+def _left_over(name, path):
+    """Whether the hidden folder ``name`` is what a removal or a build left
+    behind: one being removed that rmtree could not finish, or a build's
+    staging folder older than tuning.NATIVE_BUILD_STALE_S (its process died)."""
+    if name.endswith(".removed"):
+        return True
+    try:
+        return (name.endswith(".staging")
+                and time.time() - os.path.getmtime(path) > tuning.NATIVE_BUILD_STALE_S)
+    except OSError:
+        return False
 
 
 def trim(folder, keep):
     """Remove the least recently used entries of ``folder`` (the writable one)
     until those left hold at most tuning.NATIVE_CACHE_MAX_BYTES; the entry
-    ``keep`` (the one just built) stays whatever its size.  The time an entry
+    ``keep`` (the one just built) stays whatever its size.  Also removes what
+    earlier removals and dead builds left (:func:`_left_over`).  The time an entry
     was last used is its folder's modification time (set by lookup)."""
     entries = []
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
+        if name.startswith(".") and os.path.isdir(path) and _left_over(name, path):
+            shutil.rmtree(path, ignore_errors=True)
         if name.startswith(".") or "." in name or not os.path.isdir(path):
             continue
         try:

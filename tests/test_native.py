@@ -248,9 +248,15 @@ def test_trim_removes_the_least_recently_used_entries_first(tmp_path, tuned):
         used = time.time() - 100 * age
         os.utime(tmp_path / name, (used, used))
     (tmp_path / "other.refused").write_text("not an entry")
-    tuned(NATIVE_CACHE_MAX_BYTES=2500)
+    # what a removal that rmtree could not finish, and builds, left
+    for name in (".gone.7.removed", ".dead.8.staging", ".live.9.staging"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "weights.bin").write_bytes(bytes(10))
+    old = time.time() - 3600
+    os.utime(tmp_path / ".dead.8.staging", (old, old))
+    tuned(NATIVE_CACHE_MAX_BYTES=2500, NATIVE_BUILD_STALE_S=600)
     native.trim(str(tmp_path), keep="kept")  # the oldest, yet just built
-    assert sorted(os.listdir(tmp_path)) == ["kept", "newest", "other.refused"]
+    assert sorted(os.listdir(tmp_path)) == [".live.9.staging", "kept", "newest", "other.refused"]
 
 
 def test_a_process_that_trained_builds_no_entry(monkeypatch, tuned):

@@ -417,9 +417,11 @@ def trim(folder, keep):
     entries = []
     for name in os.listdir(folder):
         path = os.path.join(folder, name)
-        if name.startswith(".") and os.path.isdir(path) and _left_over(name, path):
-            shutil.rmtree(path, ignore_errors=True)
-        if name.startswith(".") or "." in name or not os.path.isdir(path):
+        if name.startswith("."):
+            if os.path.isdir(path) and _left_over(name, path):
+                shutil.rmtree(path, ignore_errors=True)
+            continue
+        if "." in name or not os.path.isdir(path):  # a mark, a log, a refusal
             continue
         try:
             used = os.path.getmtime(path)

@@ -44,6 +44,9 @@ def _select_intrinsic(kind):
     Floats use llvm.maximum/llvm.minimum, which propagate NaN (like np.maximum)
     and which the loop vectoriser turns into packed max/min without any
     fast-math flag, so a row max is one vectorised pass with NumPy's NaN rule.
+    They carry ``nsz``: of a tie of -0.0 and 0.0 either may come back (as from
+    NumPy's own vectorised max), which spares x86 two of the five instructions
+    per vector that order the zeros.
     """
     def typer(typingctx, a, b):
         if a != b or not isinstance(a, (types.Float, types.Integer, types.Boolean)):
@@ -51,14 +54,16 @@ def _select_intrinsic(kind):
 
         def codegen(context, builder, signature, args):
             lty = args[0].type
+            flags = ()
             if isinstance(a, types.Float):
                 name = f"llvm.{kind}imum"
+                flags = ("nsz",)
             elif isinstance(a, types.Boolean) or not a.signed:
                 name = f"llvm.u{kind}"
             else:
                 name = f"llvm.s{kind}"
             fn = builder.module.declare_intrinsic(name, [lty], ir.FunctionType(lty, [lty, lty]))
-            return builder.call(fn, args)
+            return builder.call(fn, args, fastmath=flags)
         return a(a, b), codegen
     typer.__name__ = f"{kind}imum"
     return intrinsic(typer)

@@ -264,6 +264,31 @@ def test_max_min_special_values_anywhere_in_a_row(dtype):
     np.testing.assert_array_equal(out_min, np.min(x, axis=-1))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_max_min_and_softmax_see_a_nan_at_any_position_of_a_long_row(dtype):
+    """Row i holds a NaN at column i: every lane of the packed loops' accumulators
+    (four of 16 float32 on AVX-512, then the tail) meets one.  max and min are NaN
+    there, as np.max/np.min; softmax, whose row max is folded into its exp loop, is
+    NaN on that row.  Ties of -0.0 and 0.0 give a zero (of either sign, as NumPy's
+    packed max may)."""
+    n = 150
+    x = sample((n + 2, n), dtype)
+    x[np.arange(n), np.arange(n)] = np.nan
+    x[n] = 0.0
+    x[n, ::3] = -0.0
+    x[n + 1, 5] = -np.inf
+    t = placeholder_for(x)
+    out_max, out_min, out_softmax = K.function(
+        [t], [K.max(t, axis=-1), K.min(t, axis=-1), K.softmax(t)])([x])
+    assert np.isnan(out_max[:n]).all() and np.isnan(out_min[:n]).all()
+    assert np.isnan(out_softmax[:n]).all()
+    np.testing.assert_array_equal(out_max[n:], [0.0, np.max(x[n + 1])])
+    np.testing.assert_array_equal(out_min[n:], [0.0, -np.inf])
+    row = x[n + 1].astype(np.float64)
+    want = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    np.testing.assert_allclose(out_softmax[n + 1], want, **tolerance(dtype))
+
+
 def test_reduction_keras_shape_and_static_shape():
     x = K.placeholder((None, 3, 4))
     assert K.int_shape(K.sum(x, axis=[1, 2])) == (None,)

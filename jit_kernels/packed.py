@@ -167,20 +167,31 @@ def pack(b, transpose_b):
     k, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
     width = panel_width(b.itemsize)
     panels = np.empty(((n + width - 1) // width, k, width), b.dtype)
-    for j in range(panels.shape[0]):
-        first = j * width
-        columns = min(width, n - first)
-        for i in range(k):
-            row = panels[j, i]
-            if transpose_b:
-                for x in range(columns):
+    full = n // width
+    if full < panels.shape[0]:
+        panels[full] = 0  # the last panel's padding
+    if transpose_b:
+        # a panel at a time: its columns are b's rows, each read in order
+        for j in range(panels.shape[0]):
+            first = j * width
+            for i in range(k):
+                row = panels[j, i]
+                for x in range(min(width, n - first)):
                     row[x] = b[first + x, i]
-            else:
-                source = b[i]
-                for x in range(columns):
-                    row[x] = source[first + x]
-            for x in range(columns, width):
-                row[x] = 0
+        return panels
+    # b's rows in order, each cut into the panels' rows (a panel at a time down
+    # b's rows, a row of b apart each, ran four to ten times slower)
+    for i in range(k):
+        source = b[i]
+        for j in range(full):
+            row = panels[j, i]
+            first = j * width
+            for x in range(width):
+                row[x] = source[first + x]
+        if full < panels.shape[0]:
+            row = panels[full, i]
+            for x in range(n - full * width):
+                row[x] = source[full * width + x]
     return panels
 
 

@@ -19,6 +19,28 @@ def definition(a, b):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("k, n", [(3, 1), (7, 32), (5, 3 * 32 + 5), (2, 64), (0, 4), (4, 0)])
+def test_pack_lays_the_columns_out_in_panels_padded_with_zeros(dtype, transpose_b, k, n):
+    """panels[j, i, x] = op(b)[i, j * width + x], and 0 past op(b)'s last column,
+    also where the memory it is given held NaN before."""
+    width = packed.panel_width(np.dtype(dtype).itemsize)
+    b = np.random.default_rng(k * 100 + n).standard_normal((n, k) if transpose_b else (k, n))
+    b = b.astype(dtype)
+    op_b = b.T if transpose_b else b
+    for _ in range(3):
+        freed = np.full(-(-n // width) * k * width, np.nan, dtype)
+        del freed  # the panels may take its memory
+        panels = packed.pack(b, transpose_b)
+        assert panels.shape == (-(-n // width), k, width)
+        for j in range(panels.shape[0]):
+            for i in range(k):
+                for x in range(width):
+                    column = j * width + x
+                    assert panels[j, i, x] == (op_b[i, column] if column < n else 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("transpose_b", [False, True])
 @pytest.mark.parametrize("m, k, n", [
     (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
     (packed.TILE_ROWS * 9 + 4, 3, 5),  # more rows than one block of them

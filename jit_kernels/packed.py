@@ -26,7 +26,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import blas, parts, tuning
+from . import blas, machine, parts, tuning
 from .compiling import by_address, njit_cached, target_vector_bytes
 
 # compiled into the kernels: set by the environment alone (see jit_kernels.tuning);
@@ -447,6 +447,35 @@ def matmul_packed_from_compiled(a, packed, out, part_address):
         return
     descriptors = _parts_of_product(a, packed, out, max(1, parts.threads_from_compiled()))
     parts.run_compiled(part_address, descriptors, (a, packed, out))
+
+
+def weights_run_packed(rows, k, n, itemsize, threads, written):
+    """Whether a product of ``rows`` rows by k x n weights of ``itemsize`` bytes,
+    packed once per value (a layer's: numbackend's products by weights), runs
+    on the micro-kernel in parts of whole panels (:func:`matmul_packed_in_parts`
+    on ``threads`` threads) rather than through BLAS.
+
+    - Up to ``tuning.PACKED_WEIGHTS_MAX_ROWS`` rows (one tile): packed.
+    - Beyond, only where every thread has a part and each part's panels stay in
+      a core's L2 cache (``tuning.PACKED_CACHE_BYTES``): the micro-kernel reads
+      them again for each block of rows, which BLAS's blocking avoids, and
+      BLAS's threads split the rows too.  Not where the function writes the
+      weights at every call (``written``: a training step), which would pack
+      them again at every call for a gain of a few percent; nor weights of
+      fewer than ``tuning.PACKED_WEIGHTS_MIN_ITEMS`` items.
+
+    Depends on the shapes, the thread count and ``written`` alone: every call
+    of one function with inputs of one shape gives the same bits."""
+    if rows <= tuning.PACKED_WEIGHTS_MAX_ROWS:
+        return True
+    if written or k * n < tuning.PACKED_WEIGHTS_MIN_ITEMS:
+        return False
+    threads = max(1, threads)
+    width = panel_width(itemsize)
+    panels = -(-n // width)
+    count = machine.part_count(k * n, threads, tuning.PARTS_MIN_WORK, panels)
+    per_part = -(-panels // count)
+    return count >= threads and per_part * k * width * itemsize <= tuning.PACKED_CACHE_BYTES
 
 
 def runs_packed(rows, weight_bytes, alone):

@@ -280,7 +280,9 @@ _define("PACKED_WEIGHTS_MAX_ROWS", 6, "rows of the left operand",
         "least any product reads, where BLAS also copies them into its own panels on every "
         "call.  With more, through BLAS, whose threads always have work (the packed "
         "product's parts take whole panels, fewer than the threads where the weights are "
-        "narrow).  Read per call by the plan and when a whole call is generated.")
+        "narrow), unless every thread gets panels that stay in its L2 cache "
+        "(PACKED_CACHE_BYTES; jit_kernels.packed.weights_run_packed).  Read per call by the "
+        "plan and when a whole call is generated.")
 _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x columns)",
         "measured on one 2-core AMD EPYC VM only, mnist_cnn and the W3 MLP at batch 1: "
         "1x128 by 128x10 read in place 15 -> 8 us, 1x512 by 512x10 in a whole call 2.4 "
@@ -474,10 +476,15 @@ _define("PACKED_CACHE_BYTES", machine.cache_bytes(2, 512 << 10), "bytes",
         "the 2-core AMD VM); measured on the 2-core Xeon VM (AVX-512, 1 MB of L2), one thread: "
         "m x 128 by 128 x 512 (256 KB of weights) packed as fast as BLAS or faster up to "
         "1024 rows; m x 4096 by 4096 x 512 (8 MB) at 256 rows 0.76x BLAS's speed, "
-        "m x 16384 by 16384 x 512 at 64 rows 0.70x",
-        "a product of more rows than PACKED_BLOCK_ROWS runs on the micro-kernel only where "
+        "m x 16384 by 16384 x 512 at 64 rows 0.70x; on the 2-core Zen 4 VM (1 MB of L2), "
+        "2 threads: 256 x 784 by 784 x 512 and 256 x 512 by 512 x 512 (each thread's "
+        "panels 0.8 and 0.5 MB) 10-16% faster packed than through OpenBLAS, the W3 MLP "
+        "at batch 256 1.82-1.94 -> 1.63-1.73 ms",
+        "a product of more rows than PACKED_BLOCK_ROWS (a scan's step) or than "
+        "PACKED_WEIGHTS_MAX_ROWS (by a layer's weights) runs on the micro-kernel only where "
         "the weights it reads again for each block of rows stay in this much cache, and "
-        "BLAS would run it on no more threads (jit_kernels.packed.runs_packed)")
+        "BLAS would run it on no more threads (jit_kernels.packed.runs_packed, "
+        "weights_run_packed)")
 
 # -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
 # How much work a part must get.  Work is counted in elements touched (read or

@@ -52,9 +52,10 @@ class Lowering:
     returns_view = False
     is_product = False
 
-    def plan_callable(self, node, bodies=None):
+    def plan_callable(self, node, bodies=None, written=frozenset()):
         """``f(*input_arrays)`` for the Python plan.  ``bodies``: where an op runs
-        sub-programs (a scan's step), what builds them (see plan.Bodies)."""
+        sub-programs (a scan's step), what builds them (see plan.Bodies);
+        ``written``: the ids of the variables the function writes at every call."""
         return library_call(node)
 
     def compiled_lines(self, node, ins, out, render):
@@ -271,15 +272,19 @@ class Dot(Lowering):
     """A matrix product.  By weights (a variable's or constant's value) with at
     most PACKED_WEIGHTS_MAX_ROWS rows of x: on jit_kernels.packed's
     micro-kernel, which reads the weights from memory once; large weights
-    packed once per value and split between BLAS's threads.  Else through
-    BLAS.  The choice depends on the shapes alone, in the plan and in the
-    whole call alike: the two sum in other orders, and every call must give
-    the same bits for the same input."""
+    packed once per value and split between BLAS's threads.  With more rows,
+    there too where each thread's panels stay in its L2 cache
+    (packed.weights_run_packed).  Else through BLAS.  The choice depends on
+    the shapes and the thread count alone, in the plan and in the whole call
+    alike: the two sum in other orders, and every call must give the same bits
+    for the same input."""
 
     is_product = True
 
-    def plan_callable(self, node, bodies=None):
-        return ProductByWeights(node) if _multiplies_weights(node) else library_call(node)
+    def plan_callable(self, node, bodies=None, written=frozenset()):
+        if not _multiplies_weights(node):
+            return library_call(node)
+        return ProductByWeights(node, node.inputs[1].id in written)
 
     def compiled_lines(self, node, ins, out, render):
         if render.export and node.inputs[0].ndim > 2:
@@ -296,10 +301,11 @@ class Dot(Lowering):
 
     @staticmethod
     def _weights_lines(node, ins, out, weights, render):
-        """A product by the value of the variable ``weights``: with few rows, by
-        its panels packed once per value (an argument of the call), split
-        between BLAS's threads where the weights are many; else through BLAS.
-        None where parts cannot run from compiled code."""
+        """A product by the value of the variable ``weights``: by its panels
+        packed once per value (an argument of the call), split between BLAS's
+        threads where the weights are many, where packed.weights_run_packed
+        says so; else through BLAS.  None where parts cannot run from compiled
+        code."""
         from jit_kernels import packed, parts
         panels = render.add_argument("weights_panels", weights, _panels)
         if render.export:
@@ -316,7 +322,14 @@ class Dot(Lowering):
             product = f"packed.matmul_packed_from_compiled({ins[0]}, {panels}, {out}, {part})"
         else:
             product = f"packed.matmul_packed({ins[0]}, {panels}, {out})"
-        return [f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})",
+        allocation = f"{out} = np.empty(({ins[0]}.shape[0], {ins[1]}.shape[1]), dtype=np.{node.dtype})"
+        # packed.weights_run_packed, as the plan's ProductByWeights decides: beyond
+        # one tile of rows it depends on the weights, the threads and the updates alone
+        if packed.weights_run_packed(tuning.PACKED_WEIGHTS_MAX_ROWS + 1, *weights.shape,
+                                     np.dtype(node.dtype).itemsize, _blas().threads(),
+                                     weights.id in render.program.written):
+            return [allocation, product]
+        return [allocation,
                 f"if {ins[0]}.shape[0] <= {tuning.PACKED_WEIGHTS_MAX_ROWS}:",
                 f"    {product}",
                 "else:",
@@ -380,20 +393,24 @@ class ProductByWeights:
     the updates store new arrays), so panels packed for one value serve
     until the value changes."""
 
-    def __init__(self, node):
+    def __init__(self, node, weights_written=False):
         self.fallback = library_call(node)
+        self.weights_written = weights_written  # by the function, at every call
         self.dtype = np.dtype(node.dtype)
         self.packed = None  # jit_kernels.packed, from the first packed call
         self.packing = None  # (weak reference to the value packed, its panels)
 
     def __call__(self, x, w):
-        if (x.shape[0] > tuning.PACKED_WEIGHTS_MAX_ROWS or x.dtype != self.dtype
-                or w.dtype != self.dtype or x.shape[1] != w.shape[0]
-                or not x.flags.c_contiguous or not w.flags.c_contiguous):
+        if (x.dtype != self.dtype or w.dtype != self.dtype or x.ndim != 2 or w.ndim != 2
+                or x.shape[1] != w.shape[0] or not x.flags.c_contiguous
+                or not w.flags.c_contiguous):
             return self.fallback(x, w)
         if self.packed is None:
             from jit_kernels import packed
             self.packed = packed
+        if not self.packed.weights_run_packed(x.shape[0], *w.shape, self.dtype.itemsize,
+                                              _blas().threads(), self.weights_written):
+            return self.fallback(x, w)
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         if w.size < tuning.PACKED_WEIGHTS_MIN_ITEMS:
             self.packed.matmul(x, w, out)
@@ -684,7 +701,7 @@ class Scan(Lowering):
     meanwhile; see numbackend.tiers).  ``bodies`` (plan.Bodies) builds and
     keeps both."""
 
-    def plan_callable(self, node, bodies=None):
+    def plan_callable(self, node, bodies=None, written=frozenset()):
         attrs = node.attrs
         body, reverse, keep_history = attrs["body"], attrs["reverse"], attrs["keep_history"]
         calls = [0]  # of this plan's scan: a plan called once compiles no loop

@@ -30,8 +30,8 @@ class Plan:
     """A compiled function body: ``run(*placeholder_arrays) -> tuple of target
     values``, from the program of ``targets`` (see program.build)."""
 
-    def __init__(self, placeholders, targets):
-        self.program = program.build(placeholders, targets)
+    def __init__(self, placeholders, targets, written=frozenset()):
+        self.program = program.build(placeholders, targets, written)
         self.placeholders = self.program.placeholders
         self.targets = self.program.targets
         self.constants = self.program.constants
@@ -61,7 +61,7 @@ class Plan:
             elif isinstance(step, program.LibraryWithEpilogue):
                 lines += self._with_epilogue(step, bind)
             else:
-                call = bind("L", step.lowering.plan_callable(step.node, BODIES))
+                call = bind("L", step.lowering.plan_callable(step.node, BODIES, self.program.written))
                 lines.append(f"{step.out} = {call}({', '.join(step.ins)})")
                 self.steps.append(Step("library", step.node.op, [step.node], [step.node]))
         outs = [name if new else f"np.array({name})"

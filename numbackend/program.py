@@ -136,18 +136,23 @@ class Program:
     """The steps, the constants they read by name, and the names of the
     targets' values; ``result_fresh[j]``: whether target j is a new array the
     caller may keep (else it is copied: a leaf, a view of one, or a value
-    another target returns too)."""
+    another target returns too); ``written``: the ids of the variables the
+    function writes at every call (its updates)."""
     placeholders: list
     targets: list
+    written: frozenset = frozenset()
     steps: list = field(default_factory=list)
     constants: dict = field(default_factory=dict)
     result_names: list = field(default_factory=list)
     result_fresh: list = field(default_factory=list)
 
 
-def build(placeholders, targets):
-    """The program computing ``targets`` from ``placeholders``' values."""
-    return _Builder(list(placeholders), rewrite(targets)).program
+def build(placeholders, targets, written=frozenset()):
+    """The program computing ``targets`` from ``placeholders``' values, for a
+    function writing the variables whose ids are ``written``."""
+    program = _Builder(list(placeholders), rewrite(targets)).program
+    program.written = frozenset(written)
+    return program
 
 
 class _Builder:

@@ -136,7 +136,7 @@ class Function:
 
     def _new_runner(self, targets, placeholders=None):
         runner = _PlanRunner(Plan(self._placeholders if placeholders is None else placeholders,
-                                  targets))
+                                  targets, frozenset(v.id for v in self.update_vars)))
         level = debug_level()
         if level >= 1:
             print(runner.explain())

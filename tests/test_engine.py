@@ -785,7 +785,9 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned
     than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
     PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
-    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9)  # the plan, not its one-call form
+    # the plan, not its one-call form; and no L2 cache, which would take more rows
+    # than a tile on the panels (next test)
+    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9, PACKED_CACHE_BYTES=0)
     # (only Python functions are wrapped: a compiled one read by another would
     # not compile while wrapped)
     in_parts, product = [], packed.matmul_packed_in_parts
@@ -820,6 +822,43 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned
                 a = rng.standard_normal((rows, 7)).astype(dtype)
                 np.testing.assert_allclose(f([a])[0], a.astype(float) @ value, rtol=tol, atol=tol)
         assert len(in_parts) == most + 1 and through_blas == [(most + 1, 7)] * 2
+
+
+@needs_blas
+def test_more_rows_than_a_tile_run_packed_where_the_panels_fit_unless_the_function_writes_them(
+        monkeypatch, plan_runs, tuned):
+    """Beyond PACKED_WEIGHTS_MAX_ROWS rows, a product by weights runs on its panels in
+    parts where each thread's panels fit PACKED_CACHE_BYTES (here: any) and every
+    thread gets some, in the plan and in the whole call alike, with the same bits;
+    a function that writes the weights at every call (a training step) sends them
+    through BLAS."""
+    from jit_kernels import packed
+    tuned(PACKED_CACHE_BYTES=1 << 40)
+    in_parts, product = [], packed.matmul_packed_in_parts
+    monkeypatch.setattr(packed, "matmul_packed_in_parts",
+                        lambda *a: in_parts.append(a[0].shape) or product(*a))
+    rng = np.random.default_rng(8)
+    rows = tuning.PACKED_WEIGHTS_MAX_ROWS + 2
+    value = rng.standard_normal((128, 640)).astype("float32")  # PACKED_WEIGHTS_MIN_ITEMS and more
+    w = K.variable(value)
+    x = K.placeholder((None, 128))
+    predict = K.function([x], [ops.apply("dot", x, w)])
+    runs = plan_runs(predict)
+    a = rng.standard_normal((rows, 128)).astype("float32")
+    want = a.astype(float) @ value.astype(float)
+    results = [predict([a])[0] for _ in range(3)]  # the plan, then the whole call
+    assert runs[0] == 1 and in_parts == [(rows, 128)]
+    np.testing.assert_allclose(results[0], want, rtol=1e-5, atol=1e-5)
+    for result in results[1:]:
+        np.testing.assert_array_equal(result, results[0])
+
+    in_parts.clear()
+    train = K.function([x], [ops.apply("dot", x, w)], updates=[(w, w * 1.0)])
+    (step,) = [v for v in train.plan.run.__globals__.values() if isinstance(v, lowering.ProductByWeights)]
+    through_blas, fallback = [], step.fallback
+    step.fallback = lambda p, q: through_blas.append(p.shape) or fallback(p, q)
+    np.testing.assert_allclose(train([a])[0], want, rtol=1e-5, atol=1e-5)
+    assert in_parts == [] and through_blas == [(rows, 128)]
 
 
 def test_products_by_weights_run_packed_up_to_one_tile_of_rows():

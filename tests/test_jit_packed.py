@@ -5,7 +5,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from jit_kernels import blas, packed
+from jit_kernels import blas, packed, tuning
 
 WIDTH32 = packed.panel_width(4)
 
@@ -202,6 +202,27 @@ def test_packed_products_call_their_helpers_with_one_signature():
         packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64))
         if callee is packed._tile}
     assert len(tiles) == 1, tiles
+
+
+def test_weights_run_packed_up_to_a_tile_then_where_each_threads_panels_fit(tune):
+    """A product by weights runs packed up to PACKED_WEIGHTS_MAX_ROWS rows; beyond,
+    where every thread gets panels and each thread's panels, here half of
+    784 x 512 float32 weights, fit PACKED_CACHE_BYTES; never where the function
+    writes the weights at every call, nor for weights under PACKED_WEIGHTS_MIN_ITEMS."""
+    tile = tuning.PACKED_WEIGHTS_MAX_ROWS
+    half = 784 * 256 * 4  # bytes: 512 columns are whole panels of either width
+    tune(PACKED_CACHE_BYTES=half)
+    assert packed.weights_run_packed(tile, 784, 512, 4, 2, True)
+    assert packed.weights_run_packed(tile + 1, 784, 512, 4, 2, False)
+    assert packed.weights_run_packed(256, 784, 512, 4, 2, False)
+    assert not packed.weights_run_packed(256, 784, 512, 4, 2, True)  # a training step
+    assert not packed.weights_run_packed(256, 784, 512, 4, 1, False)  # all of them on one thread
+    assert not packed.weights_run_packed(256, 784, 10, 4, 2, False)  # one panel: a thread idle
+    tune(PACKED_CACHE_BYTES=half - 1)
+    assert not packed.weights_run_packed(256, 784, 512, 4, 2, False)
+    assert packed.weights_run_packed(tile, 784, 512, 4, 2, False)
+    tune(PACKED_CACHE_BYTES=2 * half, PACKED_WEIGHTS_MIN_ITEMS=784 * 512 + 1)
+    assert not packed.weights_run_packed(256, 784, 512, 4, 1, False)
 
 
 def test_runs_packed_up_to_a_block_then_by_cache_and_threads(tune):

@@ -19,7 +19,7 @@ def definition(a, b):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("transpose_b", [False, True])
-@pytest.mark.parametrize("k, n", [(3, 1), (7, 32), (5, 3 * 32 + 5), (2, 64), (0, 4), (4, 0)])
+@pytest.mark.parametrize("k, n", [(3, 1), (7, 32), (5, 3 * 32 + 5), (2, 64), (37, 70), (0, 4), (4, 0)])
 def test_pack_lays_the_columns_out_in_panels_padded_with_zeros(dtype, transpose_b, k, n):
     """panels[j, i, x] = op(b)[i, j * width + x], and 0 past op(b)'s last column,
     also where the memory it is given held NaN before."""

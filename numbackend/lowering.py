@@ -408,8 +408,10 @@ class ProductByWeights:
         if self.packed is None:
             from jit_kernels import packed
             self.packed = packed
-        if not self.packed.weights_run_packed(x.shape[0], *w.shape, self.dtype.itemsize,
-                                              _blas().threads(), self.weights_written):
+        # up to a tile of rows always packed: the thread count (a call into
+        # OpenBLAS) is asked only beyond, where the rule reads it
+        if x.shape[0] > tuning.PACKED_WEIGHTS_MAX_ROWS and not self.packed.weights_run_packed(
+                x.shape[0], *w.shape, self.dtype.itemsize, _blas().threads(), self.weights_written):
             return self.fallback(x, w)
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         if w.size < tuning.PACKED_WEIGHTS_MIN_ITEMS:

@@ -570,7 +570,8 @@ def _fold_next_row_reduction(spec, j, view, loop, body):
     first row."""
     op, ot = OPS[spec.nodes[j][0]], spec.nodes[j][4]
     first, end = loop
-    body[end:end] = [f"n{j} = m{j}"]
+    settled = op.reduce_settle.format(acc=f"m{j}") if op.reduce_settle else f"m{j}"
+    body[end:end] = [f"n{j} = {settled}"]
     body.insert(first + 1, f"    m{j} = {op.reduce_fold.format(acc=f'm{j}', x=f'{view}[rn, c]')}")
     # the next row (the last row re-reads itself); its first element starts the fold,
     # or the empty row's identity when C == 0

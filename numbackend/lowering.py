@@ -165,7 +165,7 @@ class Reduce(Lowering):
 
     # each op's reduction of one row {row} of {n} items
     ROW = MappingProxyType({"sum": "{row}.sum()", "mean": "{row}.sum() / {n}", "max": "{row}.max()",
-                           "min": "{row}.min()", "prod": "{row}.prod()"})
+                           "shift_max": "{row}.max()", "min": "{row}.min()", "prod": "{row}.prod()"})
 
     def compiled_lines(self, node, ins, out, render):
         (x,) = node.inputs

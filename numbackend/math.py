@@ -63,7 +63,7 @@ def log_softmax(logits, axis):
 
     The result does not depend on the shift, so no gradient flows through the
     max (it would be exactly zero, at the cost of routing it to the argmax)."""
-    peak = apply("stop_gradient", apply("max", logits, axis=axis, keepdims=True))
+    peak = apply("stop_gradient", apply("shift_max", logits, axis=axis, keepdims=True))
     shifted = apply("subtract", logits, peak)
     total = apply("sum", apply("exp_nonpositive", shifted), axis=axis, keepdims=True)
     return apply("subtract", shifted, apply("log", total))

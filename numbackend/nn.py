@@ -73,7 +73,7 @@ def softmax(x, axis=-1):
     x = as_tensor(x)
     axis = normalize_axis("softmax", axis, x.ndim)
     # the max only shifts: no gradient flows through it (it would be exactly zero)
-    peak = apply("stop_gradient", apply("max", x, axis=axis, keepdims=True))
+    peak = apply("stop_gradient", apply("shift_max", x, axis=axis, keepdims=True))
     e = apply("exp_nonpositive", apply("subtract", x, peak))
     out = apply("times_reciprocal", e, apply("sum", e, axis=axis, keepdims=True))
     out._softmax_of = (x, axis)  # lets the cross-entropies work from the logits

@@ -93,6 +93,30 @@ def test_softmax_scales_its_exps_in_place():
     assert "= o0[r]" in source and "np.empty((min(R" not in source
 
 
+def test_a_softmaxs_shift_is_a_max_without_nan_handling(tmp_path, monkeypatch):
+    """A softmax's shift, folded into its exp loop, is llvm.maxnum with nnan (one
+    packed max a vector on x86, where NaN-propagating llvm.maximum takes three),
+    and the fold's result goes through the never-inlined freeze (jit_kernels.
+    reduce.settled) before anything reads it.  Results are NumPy's."""
+    monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))  # compiled here: inspectable
+    # a kernel of its own (kernels take any row length): one another test already
+    # built in this process would be loaded, not compiled
+    x = K.placeholder((None, 293))
+    f = K.function([x], [numbackend.softmax(x) * 3.0 - x * 0.125])
+    v = np.random.default_rng(3).standard_normal((40, 293)).astype(np.float32) * 20
+    v64 = v.astype(np.float64)
+    want = np.exp(v64 - v64.max(-1, keepdims=True))
+    want = want / want.sum(-1, keepdims=True) * 3.0 - v64 * 0.125
+    np.testing.assert_allclose(f([v])[0], want, rtol=2e-6, atol=1e-6)
+    (kernel,) = f.plan.kernels
+    assert "rd.shift_maximum(m0," in kernel.SOURCE and "rd.settled(m0)" in kernel.SOURCE
+    loop = kernel.kernel_ser
+    ir = loop.inspect_llvm(loop.signatures[0])
+    assert re.search(r"call nnan nsz[^\n]*@llvm\.maxnum\.v\d+f32\(", ir)
+    assert "@llvm.maximum" not in ir
+    assert re.search(r"call [^\n]*@\"?jit_kernels\.settle\.float\"?\(", ir)
+
+
 def packed_floats_on_zmm(dispatcher):
     """The packed float32 arithmetic on 512-bit registers in the compiled code of
     ``dispatcher`` (every signature: the functions of its code, and those linked in)."""

@@ -289,6 +289,37 @@ def test_max_min_and_softmax_see_a_nan_at_any_position_of_a_long_row(dtype):
     np.testing.assert_allclose(out_softmax[n + 1], want, **tolerance(dtype))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_softmax_rows_beside_rows_with_a_nan_are_exact(dtype):
+    """A softmax's shift (its row max) ignores NaN: a row with a NaN is all NaN
+    through its sum whatever the shift.  Every row without one must still be
+    shifted by its own max, also where the row before or after holds a NaN (the
+    kernel reduces the next row inside the exp loop of the current one).  Rows
+    of other scales (up to 1e4: a shift by another row's max overflows or
+    underflows), with -inf in them, and the cross-entropy from logits (a
+    log-softmax) on the same rows, against NumPy in float64."""
+    n = 120
+    x = sample((2 * n, n), dtype)
+    clean = np.arange(0, 2 * n, 2)
+    x[clean] *= (1.0 + np.arange(n) * 80.0)[:, None].astype(dtype)
+    x[clean[::7], 3] = -np.inf
+    nan_rows = np.arange(1, 2 * n, 2)
+    x[nan_rows, np.arange(n)] = np.nan  # every position: the fold's lanes and tail
+    t = placeholder_for(x)
+    target = placeholder_for(x)
+    labels = RNG.random(x.shape).astype(dtype)
+    probabilities, losses = K.function(
+        [t, target], [K.softmax(t), K.categorical_crossentropy(target, t, from_logits=True)])(
+        [x, labels])
+    rows = x[clean].astype(np.float64)
+    shifted = rows - rows.max(-1, keepdims=True)
+    log_p = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    np.testing.assert_allclose(probabilities[clean], np.exp(log_p), **tolerance(dtype))
+    # (inf on the rows with a -inf)
+    np.testing.assert_allclose(losses[clean], -(labels[clean] * log_p).sum(-1), **tolerance(dtype))
+    assert np.isnan(probabilities[nan_rows]).all() and np.isnan(losses[nan_rows]).all()
+
+
 def test_reduction_keras_shape_and_static_shape():
     x = K.placeholder((None, 3, 4))
     assert K.int_shape(K.sum(x, axis=[1, 2])) == (None,)

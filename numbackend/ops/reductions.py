@@ -30,7 +30,8 @@ def _reduce_infer(name, out_dtype):
     return infer
 
 
-def reduction(name, impl, row, fold=None, out_dtype=None, compute_dtype=None, grad=None):
+def reduction(name, impl, row, fold=None, settle=None, out_dtype=None, compute_dtype=None,
+              grad=None):
     """Define a reduction over ``axis`` (a tuple) with ``keepdims``.
 
     Its fused form, inlined by the code generator into the kernel that computes
@@ -38,7 +39,9 @@ def reduction(name, impl, row, fold=None, out_dtype=None, compute_dtype=None, gr
     the 1-D row ``{row}`` (``rd`` is jit_kernels.reduce); ``fold``, for a
     reduction exact in any order and grouping (max, min), the code combining an
     accumulator ``{acc}`` with one more element ``{x}``, which lets a kernel fold
-    a row's reduction into a loop of its own.  ``out_dtype`` maps the operand's
+    a row's reduction into a loop of its own; ``settle``, where the fold needs it,
+    the code that makes the accumulator ``{acc}`` the result once the loop is
+    done (the softmax's shift: see jit_kernels.reduce.shift_maximum).  ``out_dtype`` maps the operand's
     dtype to the result's (default: the same); ``compute_dtype`` to the dtype the
     operand is converted to before it is reduced (default: the result's)."""
     out_dtype = out_dtype or (lambda dtype: dtype)
@@ -47,7 +50,7 @@ def reduction(name, impl, row, fold=None, out_dtype=None, compute_dtype=None, gr
     def run(x, axis, keepdims):
         return np.asarray(impl(x, axis=axis, keepdims=keepdims))
     return register(Op(name, "reduce", _reduce_infer(name, out_dtype), run, grad=grad,
-                       reduce_row=row, reduce_fold=fold,
+                       reduce_row=row, reduce_fold=fold, reduce_settle=settle,
                        compute_dtype=lambda inputs, attrs: compute_dtype(inputs[0].dtype),
                        rows=batch.reduction))
 
@@ -105,6 +108,11 @@ reduction("max", np.max, "rd.row_max({row}, {n})", fold="rd.maximum({acc}, {x})"
           grad=_grad_extreme)
 reduction("min", np.min, "rd.row_min({row}, {n})", fold="rd.minimum({acc}, {x})",
           grad=_grad_extreme)
+# The shift of a softmax or log-softmax: the row's max where the row holds no NaN
+# (the max's value then); on a row with a NaN, any value, as the shifted row's sum
+# is NaN whatever it is.  One packed max a vector where max takes three.
+reduction("shift_max", np.max, "rd.row_shift_max({row}, {n})", fold="rd.shift_maximum({acc}, {x})",
+          settle="rd.settled({acc})", grad=not_differentiable)
 reduction("mean", np.mean, "rd.row_sum({row}, {n}) / {n}", out_dtype=float_dtype,
           grad=_grad_mean)
 reduction("any", np.any, "rd.row_any({row}, {n})", out_dtype=lambda dtype: "bool",

@@ -13,8 +13,8 @@ An ``Op`` carries
   generator inlines (``{0}``, ``{1}`` are operands already cast to the op's
   compute dtype; ``{T}`` is 'f32'/'f64'; ``{ct}`` names the compute scalar
   type, e.g. ``np.float32``);
-- ``reduce_row`` and ``reduce_fold``: for a reduction, its fused form (see
-  ``reductions.reduction``);
+- ``reduce_row``, ``reduce_fold`` and ``reduce_settle``: for a reduction, its
+  fused form (see ``reductions.reduction``);
 - ``compute_dtype(inputs, attrs)``: for an element-wise op or a reduction, the
   dtype its operands are cast to before it computes;
 - ``grad(g, node) -> [gradient per input]``: the reverse-mode rule, built
@@ -37,7 +37,7 @@ class Op:
     """One op: its kind, rules and traits (see the module docstring)."""
 
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_row=None,
-                 reduce_fold=None, compute_dtype=None, stateful=False, multi_output=False,
+                 reduce_fold=None, reduce_settle=None, compute_dtype=None, stateful=False, multi_output=False,
                  computed_by=None, grad_takes_wanted=False, grad_differentiates=False,
                  rising=(), rows=None):
         self.name = name
@@ -54,6 +54,7 @@ class Op:
         self.grad_differentiates = grad_differentiates
         self.reduce_row = reduce_row
         self.reduce_fold = reduce_fold
+        self.reduce_settle = reduce_settle
         self.compute_dtype = compute_dtype
         self.stateful = stateful  # draws random numbers: never folded or merged
         # its value is a tuple of arrays, read by 'tuple_item' nodes; never folded

@@ -39,11 +39,12 @@ def reduction(name, impl, row, fold=None, settle=None, out_dtype=None, compute_d
     the 1-D row ``{row}`` (``rd`` is jit_kernels.reduce); ``fold``, for a
     reduction exact in any order and grouping (max, min), the code combining an
     accumulator ``{acc}`` with one more element ``{x}``, which lets a kernel fold
-    a row's reduction into a loop of its own; ``settle``, where the fold needs it,
-    the code that makes the accumulator ``{acc}`` the result once the loop is
-    done (the softmax's shift: see jit_kernels.reduce.shift_maximum).  ``out_dtype`` maps the operand's
-    dtype to the result's (default: the same); ``compute_dtype`` to the dtype the
-    operand is converted to before it is reduced (default: the result's)."""
+    a row's reduction into a loop of its own; ``settle``, where the fold needs
+    it, the code that makes the accumulator ``{acc}`` the result once the loop
+    is done (the softmax's shift: see jit_kernels.reduce.shift_maximum).
+    ``out_dtype`` maps the operand's dtype to the result's (default: the same);
+    ``compute_dtype`` to the dtype the operand is converted to before it is
+    reduced (default: the result's)."""
     out_dtype = out_dtype or (lambda dtype: dtype)
     compute_dtype = compute_dtype or out_dtype
 

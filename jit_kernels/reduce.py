@@ -39,16 +39,10 @@ def row_prod(x, n):
     return p
 
 
-def _select_intrinsic(kind):
-    """An intrinsic ``f(a, b)`` for max or min of two scalars of one type.
-
-    Floats use llvm.maximum/llvm.minimum, which propagate NaN (like np.maximum)
-    and which the loop vectoriser turns into packed max/min without any
-    fast-math flag, so a row max is one vectorised pass with NumPy's NaN rule.
-    They carry ``nsz``: of a tie of -0.0 and 0.0 either may come back (as from
-    NumPy's own vectorised max), which spares x86 two of the five instructions
-    per vector that order the zeros.
-    """
+def _select_intrinsic(kind, name, float_intrinsic, float_flags):
+    """An intrinsic ``name(a, b)`` for max or min of two scalars of one type:
+    for floats LLVM's ``float_intrinsic`` with the fast-math ``float_flags``,
+    for integers and booleans the exact llvm.smax/umax (smin/umin)."""
     def typer(typingctx, a, b):
         if a != b or not isinstance(a, (types.Float, types.Integer, types.Boolean)):
             return None
@@ -57,49 +51,37 @@ def _select_intrinsic(kind):
             lty = args[0].type
             flags = ()
             if isinstance(a, types.Float):
-                name = f"llvm.{kind}imum"
-                flags = ("nsz",)
+                function, flags = float_intrinsic, float_flags
             elif isinstance(a, types.Boolean) or not a.signed:
-                name = f"llvm.u{kind}"
+                function = f"llvm.u{kind}"
             else:
-                name = f"llvm.s{kind}"
-            fn = builder.module.declare_intrinsic(name, [lty], ir.FunctionType(lty, [lty, lty]))
+                function = f"llvm.s{kind}"
+            fn = builder.module.declare_intrinsic(function, [lty], ir.FunctionType(lty, [lty, lty]))
             return builder.call(fn, args, fastmath=flags)
         return a(a, b), codegen
-    typer.__name__ = f"{kind}imum"
+    typer.__name__ = name
     return intrinsic(typer)
 
 
-# also called by kernels that fold a row's max or min into a loop of their own
-maximum = _select_intrinsic("max")
-minimum = _select_intrinsic("min")
+# Row max and min, also called by kernels that fold a row's max or min into a
+# loop of their own.  llvm.maximum/llvm.minimum propagate NaN (like np.maximum)
+# and the loop vectoriser turns them into packed max/min without any fast-math
+# flag, so a row max is one vectorised pass with NumPy's NaN rule.  They carry
+# ``nsz``: of a tie of -0.0 and 0.0 either may come back (as from NumPy's own
+# vectorised max), which spares x86 two of the five instructions per vector
+# that order the zeros.
+maximum = _select_intrinsic("max", "maximum", "llvm.maximum", ("nsz",))
+minimum = _select_intrinsic("min", "minimum", "llvm.minimum", ("nsz",))
 
-
-@intrinsic
-def shift_maximum(typingctx, a, b):
-    """max(a, b) for the shift of a softmax, one packed max a vector on x86.
-
-    A softmax (or log-softmax) only needs its shift to be the row's max where the
-    row holds no NaN: a NaN anywhere makes the row's sum NaN, so every output of
-    that row is NaN whatever the shift.  So floats use llvm.maxnum with ``nnan``
-    and ``nsz``, which x86 gives in one instruction where maximum takes three.
-    Where an operand is NaN, ``nnan`` makes the result poison: only the
-    accumulator of a fold may carry it, and :func:`settled` must make it a value
-    after the fold's loop, before anything else reads it.  Integers: the exact max.
-    """
-    if a != b or not isinstance(a, (types.Float, types.Integer, types.Boolean)):
-        return None
-
-    def codegen(context, builder, signature, args):
-        lty = args[0].type
-        if isinstance(a, types.Float):
-            name, flags = "llvm.maxnum", ("nnan", "nsz")
-        else:
-            name, flags = ("llvm.umax" if isinstance(a, types.Boolean) or not a.signed
-                           else "llvm.smax"), ()
-        fn = builder.module.declare_intrinsic(name, [lty], ir.FunctionType(lty, [lty, lty]))
-        return builder.call(fn, args, fastmath=flags)
-    return a(a, b), codegen
+# max(a, b) for the shift of a softmax, one packed max a vector on x86.  A softmax
+# (or log-softmax) only needs its shift to be the row's max where the row holds no
+# NaN: a NaN anywhere makes the row's sum NaN, so every output of that row is NaN
+# whatever the shift.  So floats use llvm.maxnum with ``nnan`` and ``nsz``, which
+# x86 gives in one instruction where maximum takes three.  Where an operand is NaN,
+# ``nnan`` makes the result poison: only the accumulator of a fold may carry it,
+# and settled() must make it a value after the fold's loop, before anything else
+# reads it.  Integers: the exact max.
+shift_maximum = _select_intrinsic("max", "shift_maximum", "llvm.maxnum", ("nnan", "nsz"))
 
 
 @intrinsic

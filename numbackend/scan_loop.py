@@ -211,7 +211,9 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     params = (["first", "stop", "steps", "reverse", "lo", "hi", "packed_products",
                "hoisted_products"]
               + seq_names + init_names + inv_names)
-    lines += ["", "", "@njit_cached(nogil=True)",
+    # called once for all the steps, with every array of the body: its entry
+    # from Python, which unboxes them, is left unoptimised (see njit_cached)
+    lines += ["", "", "@njit_cached(nogil=True, optimised_entry=False)",
               f"def loop({', '.join(params + constant_names + stacked_names)}):"]
     lines += [f"    p{n_seq + n_state + m} = {name}" for m, name in enumerate(inv_names)]
     lines += [f"    {state} = {init}" for state, init in zip(state_names, init_names)]

@@ -21,6 +21,10 @@ _RNN_SCRIPT = textwrap.dedent("""
     import numbackend as K
     from jit_kernels import compiling
     from numbackend import codegen
+
+    def _attributes(result, name):
+        function = result.library._final_module.get_function(getattr(result.fndesc, name))
+        return b" ".join(function.attributes).decode()
 """) + TANH_RNN + textwrap.dedent("""
     last, _, _ = K.rnn(step, x, [h0])
     fn = K.function([x, h0], [last])
@@ -40,6 +44,8 @@ _RNN_SCRIPT = textwrap.dedent("""
                 if sum(function.stats.cache_misses.values()):
                     called[name] = [[m, q] for m, q, _ in
                                     compiling.by_address_bindings(result.library)]
+                    called["entry_attributes"] = _attributes(result, "llvm_cpython_wrapper_name")
+                    called["body_attributes"] = _attributes(result, "llvm_func_name")
     print(json.dumps({"compiled": codegen.numba_stats()["compiled"],
                       "close": bool(np.allclose(got, h, rtol=1e-12, atol=0)),
                       "result": got.tolist(), "called": called}))
@@ -67,6 +73,10 @@ def test_a_scan_loop_calls_its_kernels_by_address_and_loads_in_a_new_process(tmp
     # and slices its sequences and stacks its values through the library: Numba's
     # slicing code at each of them made much of a large loop's compile
     assert {("jit_kernels.copying", "step_rows"), ("jit_kernels.copying", "copy_step")} <= loop_calls
+    # its entry from Python (Numba's wrapper unboxing the arguments) is left
+    # unoptimised, its body is not
+    assert "optnone" in first["called"]["entry_attributes"].split()
+    assert "optnone" not in first["called"]["body_attributes"].split()
     # a new process binds them again and loads the loop: nothing compiles, the same bits
     second = _run_rnn(tmp_path)
     assert second["close"] and second["compiled"] == 0
@@ -94,3 +104,26 @@ def test_a_generated_module_whose_file_does_not_match_its_name_is_not_loaded(tmp
         codegen.load_by_name(f"numbackend_kernels.k_{key}")
     with pytest.raises(LookupError, match="not the name of a generated kernel module"):
         codegen.load_by_name("numbackend_kernels.k_../x")
+
+
+def _add_same_shapes(a, b):
+    if a.shape != b.shape:
+        raise ValueError("shapes differ")
+    return a + b
+
+
+def test_a_function_with_an_unoptimised_entry_computes_and_raises_as_any_other():
+    import numpy as np
+    from numba.core.errors import TypingError
+
+    from jit_kernels.compiling import njit_cached
+    add = njit_cached(optimised_entry=False)(_add_same_shapes)
+    a, b = np.linspace(-1.0, 1.0, 7), np.arange(7.0)
+    np.testing.assert_array_equal(add(a, b), np.asarray([x + y for x, y in zip(a, b)]))
+    with pytest.raises(ValueError, match="shapes differ"):
+        add(a, b[:3])
+    with pytest.raises(TypingError):  # as from Numba's own entry
+        add(a, "b")
+    (result,) = add.overloads.values()
+    entry = result.library._final_module.get_function(result.fndesc.llvm_cpython_wrapper_name)
+    assert b"optnone" in b" ".join(entry.attributes)

@@ -22,7 +22,6 @@ _keras_compat.apply()
 from . import autodiff, config, conv, core, ctc, math, nn, random, updates
 from . import rnn as _rnn_module  # K.rnn is the function
 from .autodiff import *
-from .compile_report import warmup as warmup  # the library compiled ahead of models
 from .config import (
     backend,
     cast_to_floatx,
@@ -39,7 +38,6 @@ from .config import (
 from .conv import *
 from .core import *
 from .ctc import *
-from .exporting import export as export  # a model as a folder that runs with NumPy alone
 from .graph import Tensor, Variable
 from .math import *
 from .nn import *
@@ -49,6 +47,19 @@ from .sparse import SparseTensorValue
 from .updates import *
 
 config.load_config()
+
+
+def __getattr__(name):
+    # export (a model as a folder that runs with NumPy alone) and warmup (the
+    # library compiled ahead of models) load their modules on first use: they
+    # import subprocess and tempfile, which a process serving a model never needs
+    if name == "export":
+        from .exporting import export
+        return export
+    if name == "warmup":
+        from .compile_report import warmup
+        return warmup
+    raise AttributeError(f"module 'numbackend' has no attribute {name!r}")
 
 __all__ = [
     "SparseTensorValue", "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx",

@@ -51,6 +51,7 @@ import shutil
 import sys
 import threading
 import time
+import zlib
 
 import numpy as np
 
@@ -59,9 +60,10 @@ from jit_kernels import cache_folders, tuning
 from . import graph
 from .graph import Tensor
 
-FORMAT = 1
+FORMAT = 2
 SUBFOLDER = "native"
-HASHES = "hashes.json"  # each file's hash (BLAKE2b), written last, before the folder is renamed into place
+# each file's CRC-32, written last, before the folder is renamed into place
+HASHES = "hashes.json"
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _KERNELS = os.path.join(os.path.dirname(_PACKAGE), "jit_kernels")
 
@@ -228,13 +230,16 @@ def lookup(function, inputs, per_value):
 
 
 def file_hashes(path):
-    """{name: hash} of the files of the entry folder ``path`` (its loader's
-    bytecode and the hashes file aside)."""
+    """{name: CRC-32} of the files of the entry folder ``path`` (its loader's
+    bytecode and the hashes file aside).  They catch a file damaged or cut
+    short since the build, which the key cannot (it hashes the function, not
+    the files): a checksum does that, at several times the speed of a secure
+    hash over the weights, which a warm process's start reads once."""
     hashes = {}
     for name in sorted(os.listdir(path)):
         if name != HASHES and name != "__pycache__":
             with open(os.path.join(path, name), "rb") as f:
-                hashes[name] = _hash(f.read()).hexdigest()
+                hashes[name] = zlib.crc32(f.read())
     return hashes
 
 

@@ -1,9 +1,11 @@
 """asv_bench/cold_start.py's new processes start with the user's environment,
 not with the tuning that asv_bench's benchmarks set when the harness imports
-them (nothing timed)."""
+them; ``import numbackend`` loads only what serving a model needs (nothing timed)."""
 import importlib.util
 import os
+import subprocess
 import sys
+import textwrap
 
 _PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "cold_start.py")
 
@@ -29,3 +31,21 @@ def test_the_children_run_without_the_harness_tuning(monkeypatch):
     assert all("NUMBACKEND_TUNE_TIER_COMPILE" not in env for env in seen)
     assert all("NUMBACKEND_TUNE_NATIVE_TIER" not in env for env in seen)  # entries on, as for a user
     assert all(env["HOME"] == seen[0]["HOME"] for env in seen)
+
+
+def test_importing_numbackend_loads_no_subprocess_until_export_or_warmup_is_used():
+    script = textwrap.dedent("""
+        import sys
+        import numbackend
+        print("subprocess" in sys.modules)
+        print(numbackend.export.__module__, numbackend.warmup.__module__)
+        print("subprocess" in sys.modules)
+        try:
+            numbackend.no_such_name
+        except AttributeError as error:
+            print(error)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert out == ["False", "numbackend.exporting numbackend.compile_report", "True",
+                   "module 'numbackend' has no attribute 'no_such_name'"]

@@ -574,7 +574,6 @@ def _plain_entry_compiler():
     return PlainEntryCompiler
 
 
-
 def njit_cached_twins(**options):
     """:func:`njit_cached` with ``parallel=True``, with a ``serial`` attribute: the
     same function compiled without it, for work too small to share between

@@ -48,19 +48,6 @@ from .updates import *
 
 config.load_config()
 
-
-def __getattr__(name):
-    # export (a model as a folder that runs with NumPy alone) and warmup (the
-    # library compiled ahead of models) load their modules on first use: they
-    # import subprocess and tempfile, which a process serving a model never needs
-    if name == "export":
-        from .exporting import export
-        return export
-    if name == "warmup":
-        from .compile_report import warmup
-        return warmup
-    raise AttributeError(f"module 'numbackend' has no attribute {name!r}")
-
 __all__ = [
     "SparseTensorValue", "Tensor", "Variable", "backend", "cast_to_floatx", "epsilon", "floatx",
     "image_data_format", "image_dim_ordering", "normalize_data_format", "set_epsilon",
@@ -75,3 +62,16 @@ __all__ += nn.__all__
 __all__ += random.__all__
 __all__ += _rnn_module.__all__
 __all__ += updates.__all__
+
+
+def __getattr__(name):
+    # export (a model as a folder that runs with NumPy alone) and warmup (the
+    # library compiled ahead of models) load their modules on first use: they
+    # import subprocess, which a process serving a model never needs
+    if name == "export":
+        from .exporting import export
+        return export
+    if name == "warmup":
+        from .compile_report import warmup
+        return warmup
+    raise AttributeError(f"module 'numbackend' has no attribute {name!r}")

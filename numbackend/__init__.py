@@ -75,3 +75,7 @@ def __getattr__(name):
         from .compile_report import warmup
         return warmup
     raise AttributeError(f"module 'numbackend' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted([*globals(), "export", "warmup"])

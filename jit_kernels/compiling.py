@@ -58,10 +58,15 @@ import llvmlite
 import llvmlite.binding as _llvm
 import llvmlite.ir as _llvm_ir
 import numba as _numba
+from numba.core import compiler as _compiler
+from numba.core import lowering as _lowering
+from numba.core import typed_passes as _typed_passes
 from numba.core import types as _nbtypes
 from numba.core.caching import CompileResultCacheImpl as _CompileResultCacheImpl
 from numba.core.caching import FunctionCache as _FunctionCache
 from numba.core.caching import _CacheLocator
+from numba.core.callwrapper import PyCallWrapper as _PyCallWrapper
+from numba.core.compiler_machinery import register_pass as _register_pass
 from numba.core.errors import TypingError as _TypingError
 from numba.extending import intrinsic as _intrinsic
 
@@ -506,13 +511,13 @@ def njit_cached(optimised_entry=True, **options):
 
     ``optimised_entry=False``: the function's entry from Python (Numba's
     wrapper, which unboxes each argument) is compiled without optimisation
-    (:func:`_plain_entry_compiler`), its body as usual.  For a function of many
+    (:class:`_PlainEntryCompiler`), its body as usual.  For a function of many
     arguments called once for much work (a scan's loop over time): the
     optimisation of its entry took a quarter of its compile, and saves a few
     nanoseconds an argument a call.
     """
     if not optimised_entry:
-        options["pipeline_class"] = _plain_entry_compiler()
+        options["pipeline_class"] = _PlainEntryCompiler
 
     def decorate(function):
         dispatcher = _numba.njit(**options)(function)
@@ -527,51 +532,48 @@ def njit_cached(optimised_entry=True, **options):
     return decorate
 
 
-@_functools.cache
-def _plain_entry_compiler():
-    """Numba's compiler, but for a function's CPython wrapper: marked
+class _PlainEntryLower(_lowering.Lower):
+    """Numba's lowering, but the CPython wrapper it builds is marked
     ``optnone``, which LLVM's passes skip and its code generator lowers
-    without optimising.  Built on first use (it subclasses Numba's classes)."""
-    from numba.core import compiler, lowering, typed_passes
-    from numba.core.callwrapper import PyCallWrapper
-    from numba.core.compiler_machinery import register_pass
+    without optimising (see :func:`njit_cached`)."""
 
-    class PlainEntryLower(lowering.Lower):
-        def create_cpython_wrapper(self, release_gil=False):
-            if self.genlower:  # a generator's two wrappers: as Numba builds them
-                return super().create_cpython_wrapper(release_gil)
-            # numba.core.cpu.CPUContext.create_cpython_wrapper, but marking the wrapper
-            context, fndesc = self.context, self.fndesc
-            module = context.create_module("wrapper")
-            callee = _llvm_ir.Function(
-                module, context.call_conv.get_function_type(fndesc.restype, fndesc.argtypes),
-                fndesc.llvm_func_name)
-            PyCallWrapper(context, module, callee, fndesc, self.env, call_helper=self.call_helper,
-                          release_gil=release_gil).build()
-            wrapper = module.get_global(fndesc.llvm_cpython_wrapper_name)
-            wrapper.attributes.add("noinline")  # optnone requires it
-            wrapper.attributes.add("optnone")
-            self.library.add_ir_module(module)
+    def create_cpython_wrapper(self, release_gil=False):
+        if self.genlower:  # a generator's two wrappers: as Numba builds them
+            return super().create_cpython_wrapper(release_gil)
+        # numba.core.cpu.CPUContext.create_cpython_wrapper, but marking the wrapper
+        context, fndesc = self.context, self.fndesc
+        module = context.create_module("wrapper")
+        callee = _llvm_ir.Function(
+            module, context.call_conv.get_function_type(fndesc.restype, fndesc.argtypes),
+            fndesc.llvm_func_name)
+        _PyCallWrapper(context, module, callee, fndesc, self.env, call_helper=self.call_helper,
+                       release_gil=release_gil).build()
+        wrapper = module.get_global(fndesc.llvm_cpython_wrapper_name)
+        wrapper.attributes.add("noinline")  # optnone requires it
+        wrapper.attributes.add("optnone")
+        self.library.add_ir_module(module)
 
-    @register_pass(mutates_CFG=True, analysis_only=False)
-    class PlainEntryLowering(typed_passes.NativeLowering):
-        _name = "numbackend_plain_entry_lowering"
 
-        @property
-        def lowering_class(self):
-            return PlainEntryLower
+@_register_pass(mutates_CFG=True, analysis_only=False)
+class _PlainEntryLowering(_typed_passes.NativeLowering):
+    _name = "numbackend_plain_entry_lowering"
 
-    class PlainEntryCompiler(compiler.CompilerBase):
-        def define_pipelines(self):
-            pipeline = compiler.DefaultPassBuilder.define_nopython_pipeline(self.state)
-            pipeline.passes = [(PlainEntryLowering, description)
-                               if pass_class is typed_passes.NativeLowering
-                               else (pass_class, description)
-                               for pass_class, description in pipeline.passes]
-            pipeline.finalize()
-            return [pipeline]
+    @property
+    def lowering_class(self):
+        return _PlainEntryLower
 
-    return PlainEntryCompiler
+
+class _PlainEntryCompiler(_compiler.CompilerBase):
+    """Numba's nopython pipeline with :class:`_PlainEntryLowering` for its lowering."""
+
+    def define_pipelines(self):
+        pipeline = _compiler.DefaultPassBuilder.define_nopython_pipeline(self.state)
+        pipeline.passes = [(_PlainEntryLowering, description)
+                           if pass_class is _typed_passes.NativeLowering
+                           else (pass_class, description)
+                           for pass_class, description in pipeline.passes]
+        pipeline.finalize()
+        return [pipeline]
 
 
 def njit_cached_twins(**options):

@@ -199,7 +199,10 @@ def generate_source(spec, into=False):
     lines.extend("    " + line for line in _wrapper_body(spec, buffers))
     emit("")
     emit("")
-    emit("@njit_cached()")
+    # run_serial and run_serial_into serve compiled callers, through the address
+    # of their compiled code: their entry from Python (a test's) is left
+    # unoptimised, which was up to a third of a large kernel's run_serial compile
+    emit("@njit_cached(optimised_entry=False)")
     emit(f"def run_serial({', '.join(f'x{i}' for i in range(n_in))}):")
     lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True))
     if into:
@@ -207,7 +210,7 @@ def generate_source(spec, into=False):
         # several threads at once: it releases the GIL as theirs do
         emit("")
         emit("")
-        emit("@njit_cached(nogil=True)")
+        emit("@njit_cached(nogil=True, optimised_entry=False)")
         params = [f"x{i}" for i in range(n_in)] + [f"o{o}" for o in range(len(spec.outputs))]
         emit(f"def run_serial_into({', '.join(params)}):")
         lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))

@@ -61,3 +61,19 @@ def test_checks_raise_at_one_place():
     source = codegen.generate_source(SPEC)
     run_serial = source.split("def run_serial", 1)[1].split("\n\n\n", 1)[0]
     assert run_serial.count("raise ValueError") == 1
+
+
+
+def _decorator_of(source, function):
+    return source.split(f"\ndef {function}(", 1)[0].rsplit("\n", 1)[1]
+
+
+def test_only_the_entries_for_compiled_callers_have_an_unoptimised_python_entry():
+    # run_serial serves scan loops and whole calls through its address: its
+    # wrapper for Python is compiled unoptimised (tests/test_generated_calls.py
+    # checks what that compiles to); kernel_ser is called from Python's run at
+    # every small call, through an optimised one
+    source = codegen.generate_source(SPEC)
+    assert "optimised_entry=False" in _decorator_of(source, "run_serial")
+    assert "optimised_entry" not in _decorator_of(source, "kernel_ser")
+    assert "optimised_entry" not in _decorator_of(source, "kernel_par")

@@ -22,6 +22,7 @@ that were still queued.
 import contextlib
 import os
 import queue
+import sys
 import threading
 import warnings
 
@@ -191,11 +192,28 @@ def _work(jobs):
             with _lock:
                 if job not in _queued:  # run already (the parent's, in a forked child)
                     continue
-            job._run()
+            with _serving_threads_first():
+                job._run()
             with _lock:
                 _queued.remove(job)
         finally:
             fork_gate.leave()
+
+
+@contextlib.contextmanager
+def _serving_threads_first():
+    """While the worker compiles: the GIL changes hands every
+    tuning.COMPILE_SWITCH_INTERVAL_S at most, so that the calls going on in other
+    threads wait little for it; the interval before is restored after, unless
+    someone changed it meanwhile."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, tuning.COMPILE_SWITCH_INTERVAL_S))
+    during = sys.getswitchinterval()  # as Python keeps it (whole microseconds)
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == during:
+            sys.setswitchinterval(before)
 
 
 def _after_fork_in_child():

@@ -333,3 +333,37 @@ def test_a_functions_second_call_compiles_nothing_in_the_calling_thread():
                           check=False, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "compiled in the second calls: []" in done.stdout, done.stdout
+
+
+
+def _switch_interval_becomes(value):
+    """Whether sys.getswitchinterval() is ``value`` within RETURNS_WITHIN seconds
+    (the worker sets it back after a job has finished, not before)."""
+    deadline = time.monotonic() + RETURNS_WITHIN
+    while time.monotonic() < deadline:
+        if sys.getswitchinterval() == pytest.approx(value):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def test_the_gil_changes_hands_often_while_the_worker_compiles(background, tuned):
+    # Numba's lowering runs in Python: with Python's 5 ms switch interval a
+    # serving thread waited for the GIL at each of its own Python steps
+    tuned(COMPILE_SWITCH_INTERVAL_S=0.0005)
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.004)
+        seen = tiers.submit("a test's job", lambda: sys.getswitchinterval())
+        assert seen.wait(RETURNS_WITHIN) and seen.error is None
+        assert seen.result == pytest.approx(0.0005)
+        assert _switch_interval_becomes(0.004)  # set back after the job
+        # an interval that someone else set meanwhile is left as it is: a later
+        # job sets back the one it found, which must be that one
+        changed = tiers.submit("a test's job", lambda: sys.setswitchinterval(0.002))
+        after = tiers.submit("a test's job", lambda: sys.getswitchinterval())
+        assert changed.wait(RETURNS_WITHIN) and after.wait(RETURNS_WITHIN)
+        assert changed.error is None and after.result == pytest.approx(0.0005)
+        assert _switch_interval_becomes(0.002)
+    finally:
+        sys.setswitchinterval(before)

@@ -37,9 +37,9 @@ class Op:
     """One op: its kind, rules and traits (see the module docstring)."""
 
     def __init__(self, name, kind, infer, impl, template=None, grad=None, reduce_row=None,
-                 reduce_fold=None, reduce_settle=None, compute_dtype=None, stateful=False, multi_output=False,
-                 computed_by=None, grad_takes_wanted=False, grad_differentiates=False,
-                 rising=(), rows=None):
+                 reduce_fold=None, reduce_settle=None, compute_dtype=None, stateful=False,
+                 multi_output=False, computed_by=None, grad_takes_wanted=False,
+                 grad_differentiates=False, rising=(), rows=None):
         self.name = name
         self.kind = kind
         self.infer = infer

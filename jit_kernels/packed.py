@@ -167,6 +167,19 @@ def pack(b, transpose_b):
     k, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
     width = panel_width(b.itemsize)
     panels = np.empty(((n + width - 1) // width, k, width), b.dtype)
+    pack_into(b, transpose_b, panels)
+    return panels
+
+
+@njit_cached(**_JIT)
+def pack_into(b, transpose_b, panels):
+    """:func:`pack` into ``panels``, an array of its shape and b's type (a scan
+    loop's, packed again at each call without allocating it again)."""
+    k, n = (b.shape[1], b.shape[0]) if transpose_b else (b.shape[0], b.shape[1])
+    width = panel_width(b.itemsize)
+    if (panels.shape[0] != (n + width - 1) // width or panels.shape[1] != k
+            or panels.shape[2] != width or panels.itemsize != b.itemsize):
+        raise ValueError("jit_kernels.packed.pack_into: the panels' shape does not match")
     full = n // width
     if full < panels.shape[0]:
         panels[full] = 0  # the last panel's padding
@@ -181,7 +194,7 @@ def pack(b, transpose_b):
                     source = b[first + x]
                     for i in range(start, min(k, start + 16)):
                         panels[j, i, x] = source[i]
-        return panels
+        return
     # b's rows in order, each cut into the panels' rows (a panel at a time down
     # b's rows, a row of b apart each, ran four to ten times slower)
     for i in range(k):
@@ -195,7 +208,6 @@ def pack(b, transpose_b):
             row = panels[full, i]
             for x in range(n - full * width):
                 row[x] = source[full * width + x]
-    return panels
 
 
 @njit_cached(**_JIT)
@@ -339,9 +351,17 @@ def steps_product(sequence, first, end, lo, hi, b, transpose_b, hoisted):
     rows = min(hi, sequence.shape[1]) - lo
     out = np.empty(((end - first) if hoisted else 0, rows, columns), dtype=sequence.dtype)
     if hoisted:
-        blas.matmul(np.ascontiguousarray(sequence[first:end, lo:hi]).reshape(-1, sequence.shape[2]), b,
-                    out.reshape(-1, columns), False, transpose_b)
+        steps_product_into(sequence, first, end, lo, hi, b, transpose_b, out)
     return out
+
+
+@njit_cached(**_JIT)
+def steps_product_into(sequence, first, end, lo, hi, b, transpose_b, out):
+    """:func:`steps_product` (hoisted) into ``out``, a C-contiguous array of its
+    shape and type (a scan loop's, computed again at each call without
+    allocating it again)."""
+    blas.matmul(np.ascontiguousarray(sequence[first:end, lo:hi]).reshape(-1, sequence.shape[2]), b,
+                out.reshape(-1, out.shape[2]), False, transpose_b)
 
 
 @njit_cached(**_JIT)

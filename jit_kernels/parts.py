@@ -16,8 +16,10 @@ import functools
 import numpy as np
 from llvmlite import ir
 from numba import carray, types
+from numba.core import cgutils
 from numba.core.ccallback import CFunc
 from numba.extending import intrinsic
+from numba.np.arrayobj import populate_array
 
 from . import blas, machine, tuning
 from .compiling import install_cache, njit_cached
@@ -26,25 +28,42 @@ from .fork import fork_gate
 _PART_SIGNATURE = types.void(types.CPointer(types.int64))
 
 
-@intrinsic
-def _pointer(typingctx, address, dtype):
-    """A pointer to items of the NumPy scalar type ``dtype`` at the int ``address``."""
-    signature = types.CPointer(dtype.dtype)(address, dtype)
-
-    def codegen(context, builder, sig, args):
-        return builder.inttoptr(args[0], context.get_value_type(sig.return_type))
-    return signature, codegen
-
-
 # machine.part_count for compiled code (the parts' descriptors are laid out there)
 part_count = njit_cached(inline='always')(machine.part_count)
 
 
-@njit_cached(inline='always')
-def array_at(address, shape, dtype):
-    """The C-contiguous array of ``shape`` (a tuple) and ``dtype`` whose data lie
-    at ``address`` (an ``array.ctypes.data`` of a descriptor)."""
-    return carray(_pointer(address, dtype), shape)
+@intrinsic
+def array_at(typingctx, address, shape, dtype):
+    """The C-contiguous array of ``shape`` (a tuple of ints, or an int) and ``dtype`` (a
+    NumPy scalar type, or an array's dtype) whose data lie at the int ``address`` (an
+    ``array.ctypes.data`` of a descriptor).  Built in place, as a few
+    instructions: numba.carray's code, at each of a block's dozens of arrays,
+    was most of the block's compile."""
+    one_dim = isinstance(shape, types.Integer)
+    if not (isinstance(address, types.Integer)
+            and (one_dim or isinstance(shape, types.BaseTuple)
+                 and all(isinstance(d, types.Integer) for d in shape))
+            and isinstance(dtype, (types.NumberClass, types.DType))):
+        return None
+    array_type = types.Array(dtype.dtype, 1 if one_dim else len(shape), "C")
+
+    def codegen(context, builder, sig, args):
+        item = context.get_data_type(array_type.dtype)
+        itemsize = context.get_constant(types.intp, context.get_abi_sizeof(item))
+        if one_dim:
+            dims = [context.cast(builder, args[1], sig.args[1], types.intp)]
+        else:
+            dims = [context.cast(builder, value, given, types.intp)
+                    for value, given in zip(cgutils.unpack_tuple(builder, args[1]), sig.args[1])]
+        strides, stride = [], itemsize
+        for dim in reversed(dims):
+            strides.insert(0, stride)
+            stride = builder.mul(stride, dim)
+        array = context.make_array(array_type)(context, builder)
+        populate_array(array, data=builder.inttoptr(args[0], item.as_pointer()), shape=dims,
+                       strides=strides, itemsize=itemsize, meminfo=None)
+        return array._getvalue()
+    return array_type(address, shape, dtype), codegen
 
 
 @njit_cached()

@@ -1,0 +1,126 @@
+"""A scan's loop over time run by one precompiled loop: step functions called
+through their addresses, no code compiled per model.
+
+Compiled code pays for every call it makes: Numba lowers each call site with
+its result and error path, and LLVM optimises them, some milliseconds each, so
+a scan loop generated with its step's 60 calls took seconds to compile
+(ARCHITECTURE.md, Keeping compiles short).  Here the loop is data:
+
+- a step is a list of *blocks*, each a compiled function of one argument, a
+  row of int64 numbers (its *descriptor*: array addresses and sizes), called
+  through its address by :func:`run_steps`, with Numba's calling convention,
+  so that an exception raised in a block reaches the caller;
+- before each step, :func:`run_steps` writes the addresses that move with the
+  step (a sequence's slice, a stacked output's, and a state's, which alternates
+  between two arrays: one step's new state is the next one's state) into the
+  descriptors: ``descriptors[row, column] = base + t * stride + (t % 2) *
+  flip`` for each row of ``moving``.
+
+The blocks of the library are here (:func:`product_block`, :func:`copy_block`):
+each compiles once, into the package's seed.  A fused kernel's block is its
+module's ``STEP_BLOCK`` (numbackend/codegen.py).  :func:`block_address` is the
+address to call one at.
+"""
+import numpy as np
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from . import blas, packed
+from .compiling import njit_cached
+from .parts import array_at
+
+# The one argument of a block, as Numba types it: a row of a C-contiguous
+# int64 matrix.
+BLOCK_ARGUMENT = (types.Array(types.int64, 1, "C"),)
+
+# Product descriptors: a, its rows and depth; b, its rows and columns;
+# whether b is transposed; b's panels (packed.pack) or 0, their count; out;
+# whether a is transposed.
+PRODUCT_WIDTH = 11
+# Copy descriptors: from, to, lines, bytes a line, the lines' distances there and here.
+COPY_WIDTH = 6
+
+
+@intrinsic
+def _call_block(typingctx, address, descriptor):
+    """Call the block at the int ``address`` (a function compiled by Numba for
+    :data:`BLOCK_ARGUMENT`, returning nothing) with ``descriptor``; an
+    exception it raises is raised here."""
+    def codegen(context, builder, sig, args):
+        function_type = context.call_conv.get_function_type(types.none, [descriptor])
+        function = builder.inttoptr(args[0], function_type.as_pointer())
+        status, _ = context.call_conv.call_function(builder, function, types.none, [descriptor],
+                                                    [args[1]])
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+    return types.none(address, descriptor), codegen
+
+
+@njit_cached(nogil=True)
+def run_steps(first, stop, steps, reverse, blocks, descriptors, moving):
+    """Steps first..stop-1 of a scan of ``steps`` (counted from the last where
+    ``reverse``): each calls the blocks at the addresses ``blocks`` in order,
+    block k with row k of ``descriptors``, after writing each row (row,
+    column, base, stride, flip) of ``moving`` as ``descriptors[row, column] =
+    base + t * stride + (t % 2) * flip``, t the step's index in the sequences."""
+    for n in range(first, stop):
+        t = steps - 1 - n if reverse else n
+        for m in range(moving.shape[0]):
+            descriptors[moving[m, 0], moving[m, 1]] = (moving[m, 2] + t * moving[m, 3]
+                                                       + (t & 1) * moving[m, 4])
+        for k in range(blocks.shape[0]):
+            _call_block(blocks[k], descriptors[k])
+
+
+@njit_cached(nogil=True)
+def _product(d, dtype):
+    """The product of descriptor ``d`` (see :data:`PRODUCT_WIDTH`) of ``dtype`` items."""
+    a_rows, a_columns = (d[2], d[1]) if d[10] else (d[1], d[2])
+    a = array_at(d[0], (a_rows, a_columns), dtype)
+    b = array_at(d[3], (d[4], d[5]), dtype)
+    n = d[4] if d[6] else d[5]
+    out = array_at(d[9], (d[1], n), dtype)
+    if d[7] != 0:
+        width = packed.panel_width(out.itemsize)
+        packed.matmul_packed(a, array_at(d[7], (d[8], d[2], width), dtype), out)
+    else:
+        blas.matmul(a, b, out, d[10] != 0, d[6] != 0)
+
+
+@njit_cached(nogil=True)
+def product_block_float32(d):
+    """A block: ``out = op(a) @ op(b)`` of float32 matrices, C-contiguous, on
+    b's packed panels where given (see :data:`PRODUCT_WIDTH`)."""
+    _product(d, np.float32)
+
+
+@njit_cached(nogil=True)
+def product_block_float64(d):
+    """:func:`product_block_float32` of float64 matrices."""
+    _product(d, np.float64)
+
+
+PRODUCT_BLOCKS = {4: product_block_float32, 8: product_block_float64}
+
+
+@njit_cached(nogil=True)
+def copy_block(d):
+    """A block: d[2] lines of d[3] bytes from address d[0] to address d[1], the
+    lines d[4] bytes apart there and d[5] bytes apart here."""
+    lines, length = d[2], d[3]
+    for line in range(lines):
+        source = array_at(d[0] + line * d[4], (length,), np.uint8)
+        target = array_at(d[1] + line * d[5], (length,), np.uint8)
+        for i in range(length):
+            target[i] = source[i]
+
+
+def block_address(block):
+    """The address of ``block``'s compiled code (a dispatcher of a function of
+    one descriptor), compiled or loaded first; it stays valid while the
+    dispatcher lives."""
+    block.compile(BLOCK_ARGUMENT)
+    result = block.overloads[BLOCK_ARGUMENT]
+    return result.library.get_pointer_to_function(result.fndesc.mangled_name)

@@ -242,6 +242,17 @@ _define("SCAN_LOOP_AFTER", 2, "calls of a scan (any function running it)",
         "from Python.",
         decides="after how many calls a scan's steps run in its compiled loop instead of "
                 "from Python (1: from the first call; 10**9: never)")
+_define("SCAN_LOOP_FORM", "blocks", "the form a scan's compiled loop runs in",
+        "chosen, then measured on the Zen 4 VM: the blocks give the generated loop's bits; "
+        "imdb_lstm's first two training steps from empty caches 7.9-8.1 s generated, 5.7-6.0 s "
+        "as blocks (its backward loop compiled for 1.6 s); W5 2-4% slower a call (Python "
+        "writing the call's addresses into the blocks' table)",
+        "'blocks': a scan's compiled loop runs its steps as blocks of the library's "
+        "precompiled loop (numbackend/scan_blocks.py) where every step has one; "
+        "'generated': as one function generated and compiled for the model "
+        "(scan_loop.py), which a whole call and an export use either way.",
+        decides="whether a scan's loop runs as library blocks or as a generated function",
+        choices=("blocks", "generated"))
 _define("PARALLEL_LOOP_AFTER", 2, "large calls of a fused kernel (see FUSED_PARALLEL_MIN_WORK)",
         "chosen, not measured as a curve: a plan's first call compiles its kernels, which a "
         "parallel loop compiling on the worker would hold up (Numba compiles one function at "

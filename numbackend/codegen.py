@@ -150,7 +150,7 @@ def vector_bits():
     return bits if bits <= 8 * target_vector_bytes() else None
 
 
-def generate_source(spec, into=False):
+def generate_source(spec, into=False, step_block=False):
     """Python source of a kernel module.
 
     ``run(x0, x1, ...)`` takes the group's inputs as they are, checks their shapes
@@ -163,7 +163,9 @@ def generate_source(spec, into=False):
     ``run_serial_into(x0, ..., o0, ...)`` also writes them into arrays of the
     domain's shape (which may be inputs: each element is read before it is
     written); only where asked, since each entry point adds to its module's
-    load time."""
+    load time.  Where ``step_block`` (a kernel of a scan's body, see
+    :func:`kernel_source`), ``step_block(d)`` runs it as a block of the scan's
+    loop (:func:`_step_block`)."""
     lines = []
     emit = lines.append
     n_in = len(spec.inputs)
@@ -173,8 +175,10 @@ def generate_source(spec, into=False):
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached, parallel_ok")
     emit("from numbackend.codegen import ParallelLoop")
-    if into:
+    if into or step_block:
         emit("from jit_kernels import parts")
+    if step_block:
+        emit("from jit_kernels.compiling import by_address")
     if "vm." in text:
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
@@ -215,6 +219,8 @@ def generate_source(spec, into=False):
         emit(f"def run_serial_into({', '.join(params)}):")
         lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))
         lines.extend(_epilogue_part(spec, params))
+    if step_block:
+        lines.extend(_step_block(spec, buffers))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
@@ -231,6 +237,10 @@ def generate_source(spec, into=False):
     emit("")
     emit("")
     emit("PARALLEL = ParallelLoop(kernel_par)")
+    if step_block:
+        # the block calls the serial loop through its address: compiled into it,
+        # the loop was optimised again with the block's code, doubling its compile
+        emit("SERIAL_LOOP = by_address(kernel_ser)")
     return "\n".join(lines) + "\n"
 
 
@@ -309,18 +319,70 @@ def _epilogue_part(spec, params):
     return lines
 
 
+def kernel_source(spec, in_scan_body=False):
+    """The source of the kernel module of ``spec``: generated ``into`` for a
+    kernel of a scan's body that can run as a block of its loop
+    (:func:`takes_step_block`), so that the plan's first step, the loop's
+    blocks and the generated loop share one module and its compiled loops."""
+    return generate_source(spec, step_block=in_scan_body and takes_step_block(spec))
+
+
+def takes_step_block(spec):
+    """Whether a kernel module of ``spec`` generated ``into`` has a
+    ``step_block`` (see :func:`_step_block`): every output of the domain's shape."""
+    return all(kind == "full" for _, kind, _ in spec.outputs)
+
+
+def step_block_slots(spec):
+    """Where ``step_block``'s descriptor holds each input and output: a list of
+    (first column, rank) per input (rank None: a scalar, its address alone),
+    then per output; the columns after an address hold the array's shape."""
+    slots, column = [], 0
+    for pattern, rank, _ in spec.inputs:
+        slots.append((column, None if pattern == "S" else rank))
+        column += 1 if pattern == "S" else 1 + rank
+    for _ in spec.outputs:
+        slots.append((column, spec.rank))
+        column += 1 + spec.rank
+    return slots
+
+
+def _step_block(spec, buffers):
+    """``step_block(d)``: the kernel as a block of a scan's loop
+    (jit_kernels.steps), into outputs given as ``run_serial_into``'s are: each
+    input and output at the address and of the shape that its columns of the
+    descriptor ``d`` give (:func:`step_block_slots`), a scalar input read from
+    a one-item array; the shapes checked as ``run`` checks them."""
+    params = [f"x{i}" for i in range(len(spec.inputs))] + [f"o{o}" for o in range(len(spec.outputs))]
+    lines = ["", "", "@njit_cached(nogil=True)", "def step_block(d):"]
+    dtypes = [dtype for _, _, dtype in spec.inputs] + [spec.nodes[j][4] for j, _, _ in spec.outputs]
+    for name, (column, rank), dtype in zip(params, step_block_slots(spec), dtypes):
+        if rank is None:
+            lines.append(f"    {name} = parts.array_at(d[{column}], (1,), {scalar_type(dtype)})[0]")
+        else:
+            shape = "".join(f"d[{column + 1 + a}], " for a in range(rank))
+            lines.append(f"    {name} = parts.array_at(d[{column}], ({shape}), {scalar_type(dtype)})")
+    lines += ["    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True,
+                                                      serial_loop="SERIAL_LOOP", returns=False)]
+    return lines
+
+
 def _kernel_args(spec, buffers):
     names = ["R", "C"] + [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
     names += [f"o{o}" for o in range(len(spec.outputs))]
     return names + [f"s{j}" for j, _ in buffers]
 
 
-def _wrapper_body(spec, buffers, serial=False, into=False):
+def _wrapper_body(spec, buffers, serial=False, into=False, serial_loop="kernel_ser", returns=True):
     """``run``'s code: the domain's dims from the inputs, checked; the outputs (given
     where ``into``: arrays of the domain's shape) and row buffers (``buffers``:
     [(member, dtype)], see :func:`_emit_rows`); the call (of the serial loop alone
     where ``serial``)."""
-    lines = _domain_dims(spec)
+    full_shape = "(" + "".join(f"D{j}, " for j in range(spec.rank)) + ")"
+    # outputs given (into) of the domain's shape: checked with the inputs, at one raise
+    given = [f"o{o}.shape != {full_shape}" for o, (_, kind, _) in enumerate(spec.outputs)
+             if into and kind == "full"]
+    lines = _domain_dims(spec, given)
     emit = lines.append
     s, rank = spec.split, spec.rank
     emit(f"R = {_prod([f'D{j}' for j in range(s)])}")
@@ -343,15 +405,11 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
             args.append(f"x{i}.reshape(R, x{i}.shape[{rank_i - 1}])")
         else:
             args.append(f"x{i}.reshape({ {'F': full_view, 'R': 'R', 'C': 'C'}[pattern] })")
-    full_shape = "(" + "".join(f"D{j}, " for j in range(rank)) + ")"
     outs = []
     for o, (j, kind, keepdims) in enumerate(spec.outputs):
         dt = scalar_type(spec.nodes[j][4])
         if kind == "full":
-            if into:
-                emit(f"if o{o}.shape != {full_shape}:")
-                emit("    raise ValueError(MISMATCH)")
-            else:
+            if not into:
                 emit(f"o{o} = np.empty({full_shape}, dtype={dt})")
             args.append(f"o{o}" if full_as_is else f"o{o}.reshape({full_view})")
         else:
@@ -366,7 +424,7 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
         # R and C as int64, not as literals where the domain's dims are constants:
         # a literal would compile kernel_ser a second time, for compiled callers
         # alone (Numba specialises a call on its literal arguments)
-        emit(f"kernel_ser({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
+        emit(f"{serial_loop}({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
     else:
         work = f"R * C * {work_per_element(spec)}"
         emit(f"if not ({work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok()):")
@@ -392,12 +450,14 @@ def _wrapper_body(spec, buffers, serial=False, into=False):
              f"lambda lo, hi: kernel_ser({', '.join(part)})):")
         emit("        return (" + "".join(o + ", " for o in outs) + ")")
         emit(f"kernel_par({', '.join(args)})")
-    emit("return (" + "".join(o + ", " for o in outs) + ")")
+    if returns:
+        emit("return (" + "".join(o + ", " for o in outs) + ")")
     return lines
 
 
-def _domain_dims(spec):
-    """Code that reads the domain's dims D0.. from the inputs and checks every input.
+def _domain_dims(spec, more_checks=()):
+    """Code that reads the domain's dims D0.. from the inputs and checks every
+    input, and the conditions ``more_checks`` (of the dims) with them.
 
     The checks are one condition raising at one place: each ``raise`` is code of
     its own in a compiled caller (``run_serial``), and thirty of them took most
@@ -427,10 +487,29 @@ def _domain_dims(spec):
     for j in range(spec.rank):
         if j not in source:
             lines.append(f"D{j} = 1")
+    checks += more_checks
     if checks:
         lines.append("if (" + " or\n        ".join(checks) + "):")
         lines.append("    raise ValueError(MISMATCH)")
     return lines
+
+
+def domain_shape(spec, input_shapes):
+    """The shape of a kernel's domain (its full outputs') for inputs of
+    ``input_shapes`` (None for a scalar), read as :func:`_domain_dims`'s code
+    reads it, which checks the rest when the kernel runs."""
+    dims, s = {}, spec.split
+    for i, ((pattern, rank, _), shape) in enumerate(zip(spec.inputs, input_shapes)):
+        if pattern == "S":
+            continue
+        off = spec.rank - rank
+        axes = {"F": range(spec.rank), "W": range(spec.rank), "R": range(s),
+                "C": range(s, spec.rank)}[pattern]
+        for j in axes:
+            if j - off >= 0 and j not in dims:
+                last_of_window = pattern == "W" and j == spec.rank - 1
+                dims[j] = spec.windows[i][1] if last_of_window else shape[j - off]
+    return tuple(int(dims.get(j, 1)) for j in range(spec.rank))
 
 
 def _prod(names):

@@ -63,8 +63,9 @@ class Render:
     """
 
     def __init__(self, program, packable=(), sliced=None, whole_call=False, export=False,
-                 bodies=None):
+                 bodies=None, scan_body=False):
         self.program = program
+        self.scan_body = scan_body  # a scan's body: its kernels' modules as its plan's
         self.bodies = bodies  # an export's plan.Bodies, which build the scans' loops
         self.packable = set(packable)
         self.sliced = sliced or {}
@@ -98,7 +99,7 @@ class Render:
 
     def kernel_line(self, call):
         """The line of a program.KernelCall."""
-        module = codegen.load_kernel(codegen.generate_source(call.spec))
+        module = codegen.load_kernel(codegen.kernel_source(call.spec, self.scan_body))
         kernel = self.kernels.setdefault(module.KEY, f"kernel{len(self.kernels)}")
         self.modules[module.KEY] = module
         return f"({''.join(o + ', ' for o in call.outs)}) = {kernel}({', '.join(call.args)})"
@@ -144,13 +145,13 @@ class Render:
         return sorted(c for c in self.program.constants if c in used)
 
 
-def render(program_, packable=(), sliced=None, whole_call=False):
+def render(program_, packable=(), sliced=None, whole_call=False, scan_body=False):
     """The program's steps as a :class:`Render`, or None where a step has no
     compiled form (or NumPy's BLAS is not one jit_kernels.blas can call)."""
     from jit_kernels import blas  # loads NumPy's BLAS and Numba: not at import
     if not blas.AVAILABLE:
         return None
-    out = Render(program_, packable, sliced, whole_call)
+    out = Render(program_, packable, sliced, whole_call, scan_body=scan_body)
     return out if _render_steps(program_, out) else None
 
 

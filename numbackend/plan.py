@@ -30,8 +30,9 @@ class Plan:
     """A compiled function body: ``run(*placeholder_arrays) -> tuple of target
     values``, from the program of ``targets`` (see program.build)."""
 
-    def __init__(self, placeholders, targets, written=frozenset()):
+    def __init__(self, placeholders, targets, written=frozenset(), scan_body=False):
         self.program = program.build(placeholders, targets, written)
+        self.scan_body = scan_body  # its kernels' modules have step blocks (codegen.kernel_source)
         self.placeholders = self.program.placeholders
         self.targets = self.program.targets
         self.constants = self.program.constants
@@ -83,7 +84,7 @@ class Plan:
             self.steps.append(Step("numpy", "numpy", list(g.members), list(g.outputs)))
             return [numpy_call]
         kernel = step.plan_kernel
-        module = codegen.load_kernel(codegen.generate_source(kernel.spec))
+        module = codegen.load_kernel(codegen.kernel_source(kernel.spec, self.scan_body))
         self.kernels.append(module)
         lines = []
         if step.materialise:
@@ -144,7 +145,7 @@ class Bodies:
         if plan is None:
             plan = self._plans[body] = Plan(
                 body.seq_inputs + body.state_inputs + body.invariant_inputs,
-                body.outputs + body.new_states)
+                body.outputs + body.new_states, scan_body=True)
         return plan
 
     def loop(self, body, n_stacked):

@@ -22,7 +22,7 @@ import warnings
 
 import numpy as np
 
-from . import codegen, compiled_plan, program, tiers, tuning
+from . import codegen, compiled_plan, program, scan_blocks, tiers, tuning
 from .graph import toposort
 from .ops import OPS
 
@@ -37,8 +37,11 @@ class Loop:
     states, or None where the steps must run from Python."""
 
     def __init__(self, source, kernel_modules, constants, where, row_aligned, packed_invariants,
-                 product_columns):
+                 product_columns, blocks=None):
         self.source = source
+        # the steps as library blocks (scan_blocks.py), run rather than the
+        # source's function where tuning.SCAN_LOOP_FORM says; None where a step has none
+        self.blocks = blocks
         self.kernel_modules = kernel_modules  # those the source looks up by key
         codegen.hold(kernel_modules, self)
         self.constants = constants
@@ -118,20 +121,27 @@ class Loop:
         return module
 
     def _compile(self, argument_types):
-        """The loop's function, compiled for ``argument_types`` (not run)."""
+        """The loop's function, compiled for ``argument_types`` (not run): its
+        blocks' runner where it runs as blocks."""
+        if self.blocks is not None and tuning.SCAN_LOOP_FORM == "blocks":
+            codegen.hold(self.blocks.compile(), self)
+            return self.blocks
         function = self.module().loop
         function.compile(argument_types)
         return function
 
-    def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts):
+    def _run_rows(self, first, steps, reverse, lo, hi, seqs, states, invariants, stacked, parts,
+                  prepare=False):
         """Steps first..steps-1 over rows lo:hi (of states and invariants already
-        cut to them), one of ``parts`` run at once; the final states."""
+        cut to them), one of ``parts`` run at once; the final states (where
+        ``prepare``, blocks' function returning them: scan_blocks.StepBlocks.prepare)."""
         rows = states[0].shape[0] if states else min(hi, seqs[0].shape[1]) - lo
         hoisted = parts == 1 or rows < tuning.SCAN_IN_LOOP_MIN_ROWS
         packed = self.has_packable and rows >= tuning.SCAN_PACKED_MIN_ROWS and self._runs_packed(
             rows, invariants, parts)
-        return self._function(first, steps, steps, reverse, lo, hi, packed, hoisted, *seqs,
-                              *states, *invariants, *self.constants, *stacked)
+        function = self._function.prepare if prepare else self._function
+        return function(first, steps, steps, reverse, lo, hi, packed, hoisted, *seqs, *states,
+                        *invariants, *self.constants, *stacked)
 
     def _runs_packed(self, rows, invariants, parts):
         """Whether the step's products run on packed weights (jit_kernels.packed.runs_packed)
@@ -172,14 +182,20 @@ class Loop:
         states = [np.ascontiguousarray(s) for s in states]
         invariants = [np.ascontiguousarray(v) for v in invariants]
 
-        def run_part(i):
+        def run_part(i, prepare=False):
             lo, hi = bounds[i], bounds[i + 1]
             return self._run_rows(first, steps, reverse, lo, hi, seqs, [s[lo:hi] for s in states],
                                   [v[lo:hi] if c else v for c, v in zip(split, invariants)],
-                                  stacked, len(bounds) - 1)
+                                  stacked, len(bounds) - 1, prepare)
 
         from jit_kernels.parts import run_parts  # not at import: it compiles its timing part
-        parts = run_parts(len(bounds) - 1, run_part)
+        if isinstance(self._function, scan_blocks.StepBlocks):
+            runs = [run_part(i, prepare=True) for i in range(len(bounds) - 1)]
+            if None in runs:
+                return None
+            parts = run_parts(len(runs), lambda i: runs[i]())
+        else:
+            parts = run_parts(len(bounds) - 1, run_part)
         return tuple(np.concatenate(finals) for finals in zip(*parts))
 
 
@@ -197,7 +213,7 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     sliced = {f"p{i}": name for i, name in enumerate(seq_names)
               if plan.placeholders[i].ndim == 2}
     rendered = compiled_plan.render(plan, packable={f"p{n_seq + n_state + m}" for m in range(n_inv)},
-                                    sliced=sliced)
+                                    sliced=sliced, scan_body=True)
     if rendered is None or rendered.variables:  # a body reads its invariants as inputs
         return None
     body, constant_names = rendered.lines, rendered.constant_names
@@ -233,12 +249,17 @@ def compile_loop(plan, n_seq, n_state, n_stacked, where):
     if n_state:
         lines.append(f"        {', '.join(state_names)}, = {', '.join(results[-n_state:])},")
     lines.append(f"    return ({''.join(s + ', ' for s in state_names)})")
+    blocks = scan_blocks.plan_blocks(plan, n_seq, n_state, n_stacked,
+                                     {name for name, _ in rendered.packings})
+    if blocks is not None:
+        blocks.constant_names = constant_names
     return Loop("\n".join(lines) + "\n", rendered.kernel_modules,
                 [plan.constants[c] for c in constant_names], where,
                 _row_aligned(plan, n_seq, n_state),
                 sorted({int(name[1:]) - n_seq - n_state for name, _ in rendered.packings}),
                 sum(step.node.shape[-1] or 0 for step in plan.steps
-                    if isinstance(step, program.LibraryCall) and step.lowering.is_product))
+                    if isinstance(step, program.LibraryCall) and step.lowering.is_product),
+                blocks)
 
 
 def _row_aligned(plan, n_seq, n_state):

@@ -16,7 +16,7 @@ LAYERS = [
     ("graph and ops", {"config", "cpus", "names", "tuning", "tiers", "graph", "ops", "evaluator"}),
     ("autodiff", {"autodiff"}),
     ("compile", {"rewrite", "partition", "lowering", "program"}),
-    ("code generation", {"codegen", "compiled_plan", "scan_loop", "plan"}),
+    ("code generation", {"codegen", "compiled_plan", "scan_loop", "scan_blocks", "plan"}),
     ("runtime", {"runtime", "native"}),
     ("API", {"core", "math", "nn", "conv", "rnn", "ctc", "random", "sparse", "updates",
              "keras1", "keras_compat", "batch_inference", "compile_report", "exporting",

@@ -10,6 +10,7 @@ import pytest
 
 import numbackend as K
 from jit_kernels import blas
+from numbackend import tuning
 from numbackend.graph import toposort
 from numbackend.ops.scan import scan
 from numbackend.plan import BODIES
@@ -598,10 +599,18 @@ def test_steps_after_the_first_run_in_one_compiled_loop():
                                    rtol=1e-5, atol=1e-7)
 
 
-def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch):
-    from numbackend import lowering
+@pytest.mark.parametrize("form", ["generated", "blocks"])
+def test_a_loop_that_does_not_compile_runs_from_python(monkeypatch, form):
+    from numba.core.errors import TypingError
+
+    from numbackend import lowering, scan_blocks
+    monkeypatch.setattr(tuning, "SCAN_LOOP_FORM", form)
     for name in ("PRODUCT", "STEP_PRODUCT", "STEPS_PRODUCT"):
         monkeypatch.setattr(lowering, name, "np.float64")  # no such signature
+
+    def fails(self):
+        raise TypingError("no block")
+    monkeypatch.setattr(scan_blocks.StepBlocks, "compile", fails)
     (_w, _u, _b), x, h0, _last, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     xv, hv = RNG.standard_normal((B, T, I)), RNG.standard_normal((B, U))
@@ -678,18 +687,21 @@ _LOOP_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_a_cached_loop_over_cached_kernels_loads_in_a_new_process(tmp_path):
-    # the second process compiles a loop calling a kernel it loaded from the cache;
-    # the third loads that loop (Numba crashed here when the kernel called its
-    # parallel loop) and compiles nothing
-    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path))
+@pytest.mark.parametrize("form", ["generated", "blocks"])
+def test_a_cached_loop_over_cached_kernels_loads_in_a_new_process(tmp_path, form):
+    # the second process compiles a loop (or its kernels' blocks) calling a kernel
+    # it loaded from the cache; the third loads that loop (Numba crashed here when
+    # the kernel called its parallel loop) and compiles nothing
+    env = dict(os.environ, NUMBACKEND_CACHE_DIR=str(tmp_path), NUMBACKEND_TUNE_SCAN_LOOP_FORM=form)
     runs = []
     for wanted in ("last", "all", "all"):
         out = subprocess.run([sys.executable, "-c", _LOOP_SCRIPT, wanted], env=env,
                              capture_output=True, text=True, check=True)
         runs.append(out.stdout.split())
     assert [ok for _, ok in runs] == ["True"] * 3
-    assert int(runs[1][0]) > 0 and runs[2][0] == "0"
+    assert int(runs[0][0]) > 0 and runs[2][0] == "0"
+    # a generated loop stacks what its function returns; blocks are the kernels'
+    assert (int(runs[1][0]) > 0) == (form == "generated")
 
 
 def test_a_gated_step_on_slices_of_one_product_back_propagates_in_a_compiled_loop():
@@ -747,9 +759,12 @@ def split_runs(monkeypatch, tuned):
 @pytest.fixture
 def packed_ways(monkeypatch):
     """The list, call by call, of whether each compiled loop over time ran its
-    products packed (the loop's 7th argument), for the loops loaded from here on."""
-    from numbackend import codegen
-    ways, load_kernel = [], codegen.load_kernel
+    products packed (the loop's 7th argument), for the loops loaded from here on
+    (generated, or run as blocks)."""
+    from numbackend import codegen, scan_blocks
+    ways, load_kernel, prepare = [], codegen.load_kernel, scan_blocks.StepBlocks.prepare
+    monkeypatch.setattr(scan_blocks.StepBlocks, "prepare",
+                        lambda self, *a: ways.append(a[6]) or prepare(self, *a))
 
     def load_spied(source):
         module = load_kernel(source)
@@ -833,6 +848,7 @@ def test_a_loop_without_products_runs_compiled(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
+    monkeypatch.setattr(tuning, "SCAN_LOOP_FORM", "generated")
     loops, run = [], scan_loop.Loop.run
 
     def spied(self, *args):
@@ -860,6 +876,7 @@ def test_the_loop_stacks_its_outputs_without_slice_assignments(monkeypatch):
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
+    monkeypatch.setattr(tuning, "SCAN_LOOP_FORM", "generated")
     loops, run = [], scan_loop.Loop.run
 
     def spied(self, *args):
@@ -891,6 +908,7 @@ def test_the_loop_and_its_kernels_call_library_code_without_literal_arguments(mo
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
     from numbackend import scan_loop
+    monkeypatch.setattr(tuning, "SCAN_LOOP_FORM", "generated")
     loops, run = [], scan_loop.Loop.run
 
     def spied(self, *args):
@@ -1072,3 +1090,62 @@ def test_which_steps_keep_their_rows_apart(case):
     reached = {n.id for n in toposort([target])}
     used = [v for v in invariants.values() if v.id in reached]  # the step's invariants
     assert _row_aligned(Plan([x, h] + used, [target]), 1, 1) == aligned
+
+
+def _gated_step(w, u, bias, keep):
+    def step(x_t, states):
+        z = K.bias_add(K.dot(x_t, w), bias) + K.dot(states[0] * keep, u)
+        c = K.sigmoid(z[:, :U]) * states[1] + K.tanh(z[:, U:2 * U])
+        h = K.hard_sigmoid(z[:, 2 * U:]) * K.tanh(c)
+        return h, [h, c]
+    return step
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_the_loop_as_blocks_gives_the_generated_loops_bits(tuned, request, monkeypatch, split,
+                                                           go_backwards):
+    # a Keras-style gated step on slices of one product (its gradient a
+    # concatenation), a bias, a per-row mask (a recurrent dropout's), two
+    # states, float32, forward and back:
+    # the library's blocks (scan_blocks.py) and the generated loop run the
+    # same kernels and products in the same order
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    if split:
+        request.getfixturevalue("split_runs")
+    from numbackend import scan_blocks
+    block_runs, prepare = [], scan_blocks.StepBlocks.prepare
+
+    def counted(self, *args):
+        run = prepare(self, *args)
+        block_runs.append(run is not None)
+        return run
+    monkeypatch.setattr(scan_blocks.StepBlocks, "prepare", counted)
+    r = np.random.default_rng(11)
+    values = [(r.standard_normal(s) * 0.5).astype("float32")
+              for s in ((I, 3 * U), (U, 3 * U), (3 * U,), (B, T, I), (B, U), (B, U))]
+    keep_value = (r.random((B, U)) > 0.3).astype("float32")
+    got = {}
+    for form in ("generated", "blocks"):
+        tuned(SCAN_LOOP_FORM=form)
+        w, u, bias = (K.variable(v) for v in values[:3])
+        x = K.placeholder((None, T, I), dtype="float32")
+        h0, c0, keep = (K.placeholder((None, U), dtype="float32") for _ in range(3))
+        _, outputs, (_, c_last) = K.rnn(_gated_step(w, u, bias, keep), x, [h0, c0],
+                                        go_backwards=go_backwards)
+        loss = K.sum(outputs * outputs) + K.sum(c_last)
+        fn = K.function([x, h0, c0, keep], [outputs, c_last] + K.gradients(loss, [w, u, bias, x]))
+        got[form] = fn(values[3:] + [keep_value])
+    assert len(block_runs) == (4 if split else 2) and all(block_runs)  # forward and back
+    for generated, blocks in zip(got["generated"], got["blocks"]):
+        np.testing.assert_array_equal(blocks, generated)
+    # and the same as NumPy's loop (within float32's rounding)
+    h, c, want = values[4].astype("float64"), values[5].astype("float64"), []
+    for t in (range(T - 1, -1, -1) if go_backwards else range(T)):
+        z = values[3][:, t] @ values[0] + values[2] + (h * keep_value) @ values[1]
+        c = c / (1 + np.exp(-z[:, :U])) + np.tanh(z[:, U:2 * U])
+        h = np.clip(0.2 * z[:, 2 * U:] + 0.5, 0, 1) * np.tanh(c)
+        want.append(h)
+    np.testing.assert_allclose(got["blocks"][0], np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["blocks"][1], c, rtol=1e-4, atol=1e-5)

@@ -1149,3 +1149,37 @@ def test_the_loop_as_blocks_gives_the_generated_loops_bits(tuned, request, monke
         want.append(h)
     np.testing.assert_allclose(got["blocks"][0], np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["blocks"][1], c, rtol=1e-4, atol=1e-5)
+
+
+def test_a_loop_called_again_with_other_arrays_reads_and_writes_those(monkeypatch):
+    # the blocks' table of a kind of arguments is kept, and each call writes its
+    # own arrays' addresses into it: calls with other inputs and weights of the
+    # same shapes, then of other shapes, then the first again, each give their
+    # own NumPy loop (every array kept alive, so that none takes another's place)
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
+    from numbackend import scan_blocks
+    tables = []
+    prepare = scan_blocks.StepBlocks.prepare
+
+    def spied(self, *args):
+        tables.append(self)
+        return prepare(self, *args)
+    monkeypatch.setattr(scan_blocks.StepBlocks, "prepare", spied)
+    (w, u, b), x, h0, _last, outputs, states = build_rnn()
+    fn = K.function([x, h0], [outputs, states[0]])
+    r = np.random.default_rng(7)
+    cases = [(r.standard_normal((rows, T, I)), r.standard_normal((rows, U)),
+              [v * r.uniform(0.5, 1.5) for v in weights()]) for rows in (B, B, B + 2)]
+    kept = []
+    for xv, hv, values in cases + cases[:1]:
+        for variable, value in zip((w, u, b), values):
+            K.set_value(variable, value)
+        got_outputs, got_state = fn([xv, hv])
+        kept.append((got_outputs, got_state))
+        want_outputs = numpy_rnn(xv, *values, hv)[1]
+        np.testing.assert_allclose(got_outputs, want_outputs, rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got_state, want_outputs[:, -1], rtol=1e-10, atol=1e-12)
+    assert len(tables) >= 4
+    (blocks,) = set(tables)
+    assert len(blocks._tables) >= 2  # one kind of arguments for each batch size

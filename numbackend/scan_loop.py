@@ -3,8 +3,11 @@
 The body of a scan (ops/scan.py) is built into a program (program.py) whose steps
 are fused kernels and library calls.  Where every step has a compiled form
 (compiled_plan.py), this module writes the program as the body of one Numba
-function that loops over the steps.  The function is cached on disk like the
-kernels.
+function that loops over the steps, cached on disk like the kernels: a whole
+call and an export compile it as part of theirs.  A call from Python runs the
+steps as blocks of the library's precompiled loop instead, where every step
+has one (scan_blocks.py, tuning.SCAN_LOOP_FORM): the same bits, and no loop
+to compile.
 
 The first step still runs the Python plan, which checks the shapes; every later
 step has the same shapes (the states keep theirs, the sequences' slices and the

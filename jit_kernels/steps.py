@@ -34,12 +34,16 @@ from .parts import array_at
 # int64 matrix.
 BLOCK_ARGUMENT = (types.Array(types.int64, 1, "C"),)
 
-# Product descriptors: a, its rows and depth; b, its rows and columns;
-# whether b is transposed; b's panels (packed.pack) or 0, their count; out;
-# whether a is transposed.
+# A product's descriptor, by column: a's address, then out's rows and the
+# depth; b's address, then its rows and columns; whether b is transposed; b's
+# panels' address (packed.pack) or 0, then their count; out's address; whether
+# a is transposed.
+PRODUCT_A, PRODUCT_B, PRODUCT_TRANSPOSE_B, PRODUCT_PANELS, PRODUCT_OUT, PRODUCT_TRANSPOSE_A = (
+    0, 3, 6, 7, 9, 10)
 PRODUCT_WIDTH = 11
-# Copy descriptors: from, to, lines, bytes a line, the lines' distances there and here.
-COPY_WIDTH = 6
+# A copy's descriptor, by column: from, to, then the lines, the bytes a line,
+# and the lines' distances there and here.
+COPY_FROM, COPY_TO, COPY_LINES = 0, 1, 2
 
 
 @intrinsic
@@ -76,23 +80,24 @@ def run_steps(first, stop, steps, reverse, blocks, descriptors, moving):
 
 @njit_cached(nogil=True)
 def _product(d, dtype):
-    """The product of descriptor ``d`` (see :data:`PRODUCT_WIDTH`) of ``dtype`` items."""
-    a_rows, a_columns = (d[2], d[1]) if d[10] else (d[1], d[2])
-    a = array_at(d[0], (a_rows, a_columns), dtype)
-    b = array_at(d[3], (d[4], d[5]), dtype)
-    n = d[4] if d[6] else d[5]
-    out = array_at(d[9], (d[1], n), dtype)
-    if d[7] != 0:
+    """The product of descriptor ``d`` (see :data:`PRODUCT_A`) of ``dtype`` items."""
+    m, k = d[PRODUCT_A + 1], d[PRODUCT_A + 2]
+    transpose_a, transpose_b = d[PRODUCT_TRANSPOSE_A] != 0, d[PRODUCT_TRANSPOSE_B] != 0
+    a = array_at(d[PRODUCT_A], (k, m) if transpose_a else (m, k), dtype)
+    b = array_at(d[PRODUCT_B], (d[PRODUCT_B + 1], d[PRODUCT_B + 2]), dtype)
+    out = array_at(d[PRODUCT_OUT], (m, b.shape[0] if transpose_b else b.shape[1]), dtype)
+    if d[PRODUCT_PANELS] != 0:
         width = packed.panel_width(out.itemsize)
-        packed.matmul_packed(a, array_at(d[7], (d[8], d[2], width), dtype), out)
+        panels = array_at(d[PRODUCT_PANELS], (d[PRODUCT_PANELS + 1], k, width), dtype)
+        packed.matmul_packed(a, panels, out)
     else:
-        blas.matmul(a, b, out, d[10] != 0, d[6] != 0)
+        blas.matmul(a, b, out, transpose_a, transpose_b)
 
 
 @njit_cached(nogil=True)
 def product_block_float32(d):
     """A block: ``out = op(a) @ op(b)`` of float32 matrices, C-contiguous, on
-    b's packed panels where given (see :data:`PRODUCT_WIDTH`)."""
+    b's packed panels where given (see :data:`PRODUCT_A`)."""
     _product(d, np.float32)
 
 
@@ -108,11 +113,11 @@ PRODUCT_BLOCKS = {4: product_block_float32, 8: product_block_float64}
 @njit_cached(nogil=True)
 def copy_block(d):
     """A block: d[2] lines of d[3] bytes from address d[0] to address d[1], the
-    lines d[4] bytes apart there and d[5] bytes apart here."""
-    lines, length = d[2], d[3]
+    lines d[4] bytes apart there and d[5] bytes apart here (see :data:`COPY_FROM`)."""
+    lines, length = d[COPY_LINES], d[COPY_LINES + 1]
     for line in range(lines):
-        source = array_at(d[0] + line * d[4], (length,), np.uint8)
-        target = array_at(d[1] + line * d[5], (length,), np.uint8)
+        source = array_at(d[COPY_FROM] + line * d[COPY_LINES + 2], (length,), np.uint8)
+        target = array_at(d[COPY_TO] + line * d[COPY_LINES + 3], (length,), np.uint8)
         for i in range(length):
             target[i] = source[i]
 

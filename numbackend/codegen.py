@@ -320,7 +320,7 @@ def _epilogue_part(spec, params):
 
 
 def kernel_source(spec, in_scan_body=False):
-    """The source of the kernel module of ``spec``: generated ``into`` for a
+    """The source of the kernel module of ``spec``: with a ``step_block`` for a
     kernel of a scan's body that can run as a block of its loop
     (:func:`takes_step_block`), so that the plan's first step, the loop's
     blocks and the generated loop share one module and its compiled loops."""
@@ -328,8 +328,8 @@ def kernel_source(spec, in_scan_body=False):
 
 
 def takes_step_block(spec):
-    """Whether a kernel module of ``spec`` generated ``into`` has a
-    ``step_block`` (see :func:`_step_block`): every output of the domain's shape."""
+    """Whether a kernel of ``spec`` can run as a block (:func:`_step_block`):
+    every output of the domain's shape, which the block is given."""
     return all(kind == "full" for _, kind, _ in spec.outputs)
 
 

@@ -283,6 +283,7 @@ class StepBlocks:
         """The block of a product (none where the products of a sequence's steps
         run before the loop); False where its operands do not fit it."""
         from jit_kernels import packed
+        from jit_kernels import steps as library
         x, w = values[op.x], values[op.w]
         if len(x.shape) != 2 or len(w.shape) != 2:
             return False
@@ -302,18 +303,18 @@ class StepBlocks:
             return True
         out = values[op.out] = table.scratch(op.out, (m, n), x.dtype)
         row = table.row(self._addresses[op.itemsize])
-        table.put(row, 0, x, (m, k))
-        table.put(row, 3, w, w.shape)
-        table.set(row, 6, int(op.transpose_b))
+        table.put(row, library.PRODUCT_A, x, (m, k))
+        table.put(row, library.PRODUCT_B, w, w.shape)
+        table.set(row, library.PRODUCT_TRANSPOSE_B, int(op.transpose_b))
         if packed_products and op.w in self.packable and not op.transpose_a:
             width = packed.panel_width(x.dtype.itemsize)
             tb = np.bool_(op.transpose_b)
             panels = table.refilled(
                 np.empty(((n + width - 1) // width, k, width), x.dtype),
                 lambda arrays, out: packed.pack_into(arrays[w.index], tb, out), key=(op.w, tb))
-            table.put(row, 7, panels, panels.shape[:1])
-        table.put(row, 9, out, ())
-        table.set(row, 10, int(op.transpose_a))
+            table.put(row, library.PRODUCT_PANELS, panels, panels.shape[:1])
+        table.put(row, library.PRODUCT_OUT, out, ())
+        table.set(row, library.PRODUCT_TRANSPOSE_A, int(op.transpose_a))
         return True
 
 
@@ -437,11 +438,13 @@ class _Table:
     def copy(self, block, source, target, lines, length, source_step, target_step, offset):
         """A copy block: ``lines`` lines of ``length`` bytes from ``source`` to
         ``target`` (``offset`` bytes in)."""
+        from jit_kernels import steps as library
         row = self.row(block)
-        self.put(row, 0, source, ())
-        self.put(row, 1, _Value(target.array, target.shape, target.address + offset,
-                                target.stride, target.index, target.flip), ())
-        for column, number in enumerate((lines, length, source_step, target_step), 2):
+        self.put(row, library.COPY_FROM, source, ())
+        self.put(row, library.COPY_TO, _Value(target.array, target.shape, target.address + offset,
+                                              target.stride, target.index, target.flip), ())
+        for column, number in enumerate((lines, length, source_step, target_step),
+                                        library.COPY_LINES):
             self.set(row, column, number)
 
     def addresses_of(self, arrays, start, end):

@@ -19,32 +19,33 @@ def frequent_thread_switches():
     sys.setswitchinterval(interval)
 
 
-def call_from_threads(f, inputs):
-    """What each call of ``f`` returned, over THREADS threads calling it CALLS times each."""
+def call_from_threads(f, inputs_of, calls=CALLS):
+    """What each of THREADS threads got from ``calls`` calls of ``f`` with
+    ``inputs_of(its index)``: a list per thread."""
     returned = [[] for _ in range(THREADS)]
     errors = []
 
-    def work(mine):
+    def work(i):
         try:
-            for _ in range(CALLS):
-                mine.append(f(inputs))
+            for _ in range(calls):
+                returned[i].append(f(inputs_of(i)))
         except Exception as exc:  # noqa: BLE001 - reported in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=work, args=(returned[i],)) for i in range(THREADS)]
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
-    return [r for mine in returned for r in mine]
+    return returned
 
 
 def test_a_counter_updated_from_eight_threads_counts_every_call(frequent_thread_switches):
     counter = K.variable(0.0, dtype="float64")
     step = K.placeholder((), dtype="float64")
     f = K.function([step], [counter * 1.0], updates=[K.update_add(counter, step)])
-    returned = call_from_threads(f, [1.0])
+    returned = [r for mine in call_from_threads(f, lambda i: [1.0]) for r in mine]
     assert K.get_value(counter) == THREADS * CALLS
     # each call read the counter as the one before it left it
     assert sorted(float(r[0]) for r in returned) == list(range(THREADS * CALLS))
@@ -68,26 +69,11 @@ def test_a_scan_called_from_threads_at_once_gives_each_call_its_own_loop(frequen
     f = K.function([x, h0], [outputs])
     inputs = [(r.standard_normal((2, 6, 3)), r.standard_normal((2, 4))) for _ in range(THREADS)]
     f(list(inputs[0]))  # compiled before the threads start
-    returned = [[] for _ in range(THREADS)]
-    errors = []
-
-    def work(i):
-        try:
-            for _ in range(CALLS // 10):
-                returned[i].append(f(list(inputs[i]))[0])
-        except Exception as exc:  # noqa: BLE001 - reported in the test's thread
-            errors.append(exc)
-
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    returned = call_from_threads(f, lambda i: list(inputs[i]), calls=CALLS // 10)
     for (xv, hv), got in zip(inputs, returned):
         h, want = hv, []
         for t in range(6):
             h = np.tanh(xv[:, t] @ w + h @ u)
             want.append(h)
-        for outputs_value in got:
+        for (outputs_value,) in got:
             np.testing.assert_allclose(outputs_value, np.stack(want, axis=1), rtol=1e-10, atol=1e-12)

@@ -130,6 +130,7 @@ pool_state = np.zeros(3, np.int64)
 llvm.add_symbol("numbackend_pool_state", pool_state.ctypes.data)
 _libc = ctypes.CDLL(None)
 llvm.add_symbol("numbackend_clock_gettime", ctypes.cast(_libc.clock_gettime, ctypes.c_void_p).value)
+llvm.add_symbol("numbackend_sched_yield", ctypes.cast(_libc.sched_yield, ctypes.c_void_p).value)
 
 
 def threads():

@@ -22,6 +22,7 @@ module's ``STEP_BLOCK`` (numbackend/codegen.py).  :func:`block_address` is the
 address to call one at.
 """
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -37,10 +38,12 @@ BLOCK_ARGUMENT = (types.Array(types.int64, 1, "C"),)
 # A product's descriptor, by column: a's address, then out's rows and the
 # depth; b's address, then its rows and columns; whether b is transposed; b's
 # panels' address (packed.pack) or 0, then their count; out's address; whether
-# a is transposed.
+# a is transposed; the first panel and the end of the panels computed (an end
+# of -1: all; else out's columns of those panels only, a part of a shared run).
 PRODUCT_A, PRODUCT_B, PRODUCT_TRANSPOSE_B, PRODUCT_PANELS, PRODUCT_OUT, PRODUCT_TRANSPOSE_A = (
     0, 3, 6, 7, 9, 10)
-PRODUCT_WIDTH = 11
+PRODUCT_PANEL_RANGE = 11
+PRODUCT_WIDTH = 13
 # A copy's descriptor, by column: from, to, then the lines, the bytes a line,
 # and the lines' distances there and here.
 COPY_FROM, COPY_TO, COPY_LINES = 0, 1, 2
@@ -78,6 +81,113 @@ def run_steps(first, stop, steps, reverse, blocks, descriptors, moving):
             _call_block(blocks[k], descriptors[k])
 
 
+# The counters of run_steps_shared, each on a cache line of its own: the
+# next task to claim, the tasks done, and whether a block raised.
+SHARED_CLAIMED, SHARED_DONE, SHARED_FAILED = 0, 8, 16
+SHARED_COUNTERS = 24
+# A task's row in run_steps_shared: its calls (rows of ``calls``), its moving
+# addresses (rows of ``moving``), and the tasks of its step done before it starts.
+TASK_CALLS, TASK_MOVES, TASK_AFTER = 0, 2, 4
+TASK_WIDTH = 5
+
+_sched_yield = types.ExternalFunction("numbackend_sched_yield", types.intc())
+
+
+@intrinsic
+def _fetch_add(typingctx, counters, index, value):
+    """``counters[index] += value`` as one atomic operation; the value before."""
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        pointer = cgutils.get_item_pointer(context, builder, sig.args[0], array, [args[1]])
+        return builder.atomic_rmw("add", pointer, args[2], "seq_cst")
+    return types.int64(counters, index, types.int64), codegen
+
+
+@intrinsic
+def _load_acquire(typingctx, counters, index):
+    """``counters[index]``, read after every write made before the write of it read."""
+    def codegen(context, builder, sig, args):
+        array = context.make_array(sig.args[0])(context, builder, args[0])
+        pointer = cgutils.get_item_pointer(context, builder, sig.args[0], array, [args[1]])
+        return builder.load_atomic(pointer, "acquire", 8)
+    return types.int64(counters, index), codegen
+
+
+@intrinsic
+def _pause(typingctx):
+    """The CPU's spin-wait hint (x86's pause)."""
+    def codegen(context, builder, sig, args):
+        pause = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), []),
+                                               "llvm.x86.sse2.pause")
+        builder.call(pause, [])
+        return context.get_dummy_value()
+    return types.none(), codegen
+
+
+@intrinsic
+def _call_block_or_fail(typingctx, address, descriptor, counters):
+    """:func:`_call_block`, which first marks ``counters[SHARED_FAILED]`` where
+    the block raised, so that the threads waiting for its task stop."""
+    def codegen(context, builder, sig, args):
+        function_type = context.call_conv.get_function_type(types.none, [descriptor])
+        function = builder.inttoptr(args[0], function_type.as_pointer())
+        status, _ = context.call_conv.call_function(builder, function, types.none, [descriptor],
+                                                    [args[1]])
+        with cgutils.if_unlikely(builder, status.is_error):
+            array = context.make_array(sig.args[2])(context, builder, args[2])
+            pointer = cgutils.get_item_pointer(context, builder, sig.args[2], array,
+                                               [context.get_constant(types.intp, SHARED_FAILED)])
+            builder.store_atomic(context.get_constant(types.int64, 1), pointer, "release", 8)
+            context.call_conv.return_status_propagate(builder, status)
+        return context.get_dummy_value()
+    return types.none(address, descriptor, counters), codegen
+
+
+@njit_cached(nogil=True)
+def run_steps_shared(first, stop, steps, reverse, blocks, descriptors, moving, calls, tasks,
+                     counters):
+    """:func:`run_steps` by several threads at once, each calling this with the
+    same arguments: steps first..stop-1, each a list of tasks (rows of
+    ``tasks``, see :data:`TASK_CALLS`), which the threads claim in order.  A
+    task calls the blocks of its rows of ``calls`` (rows of ``blocks`` and
+    ``descriptors``) after writing its rows of ``moving``, once the tasks of
+    its step before its ``TASK_AFTER`` are done (and every task of the steps
+    before).  The tasks between two such points must touch apart what they
+    write (a product's columns, a kernel's rows).
+
+    A thread waits only for tasks that other threads have claimed and run:
+    threads that start late find their work done, and the calls one after
+    another on one thread run every task.  ``counters``: int64, zeros, of
+    :data:`SHARED_COUNTERS`; where a block raises, the others stop at their
+    next wait and the exception is raised by its thread's call."""
+    per_step = tasks.shape[0]
+    total = (stop - first) * per_step
+    spins = 0
+    while True:
+        claimed = _fetch_add(counters, SHARED_CLAIMED, 1)
+        if claimed >= total:
+            return
+        n = claimed // per_step
+        task = claimed - n * per_step
+        after = n * per_step + tasks[task, TASK_AFTER]
+        while _load_acquire(counters, SHARED_DONE) < after:
+            if _load_acquire(counters, SHARED_FAILED) != 0:
+                return
+            spins += 1
+            if spins & 63 == 0:
+                _sched_yield()  # a thread we wait for may have no core
+            else:
+                _pause()
+        n += first
+        t = steps - 1 - n if reverse else n
+        for m in range(tasks[task, TASK_MOVES], tasks[task, TASK_MOVES + 1]):
+            descriptors[moving[m, 0], moving[m, 1]] = (moving[m, 2] + t * moving[m, 3]
+                                                       + (t & 1) * moving[m, 4])
+        for c in range(tasks[task, TASK_CALLS], tasks[task, TASK_CALLS + 1]):
+            _call_block_or_fail(blocks[calls[c]], descriptors[calls[c]], counters)
+        _fetch_add(counters, SHARED_DONE, 1)
+
+
 @njit_cached(nogil=True)
 def _product(d, dtype):
     """The product of descriptor ``d`` (see :data:`PRODUCT_A`) of ``dtype`` items."""
@@ -89,7 +199,12 @@ def _product(d, dtype):
     if d[PRODUCT_PANELS] != 0:
         width = packed.panel_width(out.itemsize)
         panels = array_at(d[PRODUCT_PANELS], (d[PRODUCT_PANELS + 1], k, width), dtype)
-        packed.matmul_packed(a, panels, out)
+        first, end = d[PRODUCT_PANEL_RANGE], d[PRODUCT_PANEL_RANGE + 1]
+        if end < 0:
+            packed.matmul_packed(a, panels, out)
+        else:  # out's columns of panels first..end-1, its rows as far apart as ever
+            packed.matmul_packed(a, panels[first:end],
+                                 out[:, first * width:min(out.shape[1], end * width)])
     else:
         blas.matmul(a, b, out, transpose_a, transpose_b)
 

@@ -384,6 +384,19 @@ _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
         "run per step inside the loop, on packed weights, where the rows are split "
         "between threads and each gets this many; else as one product over all of a "
         "call's steps before the loop.")
+_define("SCAN_SHARE_MIN_WORK", 1 << 17, "multiply-adds per thread of the products in a step",
+        "measured on the 2-core Zen 4 VM, the W5 LSTM (its 128 x 512 recurrent product in "
+        "the step, 65,536 multiply-adds a row) over 100 steps, each form timed in turns in "
+        "one process: on one thread, its 32 rows' loop cut into the 16 tasks a step of 16 "
+        "sharing threads took 8.61 ms against 8.38 uncut, where 8 parts of 4 rows took 9.44 "
+        "and 16 of 2 rows 10.6 (the tiles' rows go unused): so 16 threads sharing W5's "
+        "steps, 131k multiply-adds each, do the least work.  On 2 threads, 4 and 6 rows "
+        "shared ran within 5% of one thread in quiet phases of the VM (a wait between "
+        "threads costs about 0.1 us there); the cost of a wait on 16 cores is not measured",
+        "Where a scan's rows split between BLAS's threads would leave some idle "
+        "(SCAN_SPLIT_MIN_ROWS_PER_THREAD), the threads share each step instead "
+        "(numbackend/scan_blocks.py), as many as each get this much of the step's products, "
+        "where that is more threads than the split by rows.")
 
 
 

@@ -17,6 +17,14 @@ that both give the same bits.  The values of a step have arrays of their own,
 shared where one's life ends before another's starts.  Each state has two
 arrays, read and written in turn: a step writes its new state (where a block
 computes it) into the array that the next step reads.
+
+Where a scan's rows are too few to split between the threads (scan_loop.py),
+several threads share each step (``run_steps_shared``): each block is made
+in parts, a product's by its panels (its columns), a kernel's and a copy's by
+the rows.  A run of blocks of one kind is a group; the part i of a group is
+one task, run by one thread, and the threads wait for a group's tasks before
+the next group's start.  Each element is computed as on one thread: the
+same bits.
 """
 import math
 import operator
@@ -103,6 +111,22 @@ class StepBlocks:
         self._addresses = None
         self._tables = {}  # {the arguments' kinds: a pool of _Tables for them, or None}
         self._constants = ((), [])  # the constants given, and as arrays
+        # whether threads can share each step (prepare's ``shared``): every
+        # product is by an invariant packed into panels, which they split
+        self.can_share = all(op.w in packable and not op.transpose_a
+                             for op in operations if isinstance(op, _Product))
+
+    def product_shapes(self, invariants):
+        """(depth, columns) of each product in the steps where the products of a
+        sequence's steps run before the loop, by the loop's ``invariants``,
+        where :attr:`can_share` (every product is by one)."""
+        first = self.n_seq + self.n_state
+        shapes = []
+        for op in self.operations:
+            if isinstance(op, _Product) and op.hoisted_from is None:
+                w = invariants[int(op.w[1:]) - first]
+                shapes.append(w.shape[::-1] if op.transpose_b else w.shape)
+        return shapes
 
     @property
     def kernel_modules(self):
@@ -124,21 +148,30 @@ class StepBlocks:
         self._addresses = addresses
         return self.kernel_modules
 
-    def __call__(self, *arguments):
+    def __call__(self, *arguments, shared=1):
         """Steps first..stop-1 over rows lo:hi, with the arguments of the
         generated loop's function (scan_loop.compile_loop); the final states,
         or None where the arrays do not fit the steps (the caller then runs
-        them from Python)."""
-        run = self.prepare(*arguments)
+        them from Python).  ``shared``: see :meth:`prepare`."""
+        run = self.prepare(*arguments, shared=shared)
         return None if run is None else run()
 
     def prepare(self, first, stop, steps, reverse, lo, hi, packed_products, hoisted_products,
-                *arrays):
+                *arrays, shared=1):
         """:meth:`__call__` in two: the work in Python now, and a function that
         runs the steps (releasing the GIL) and returns the final states; None
         where the arrays do not fit the steps.  The parts of a loop split by
         rows are prepared one after another, then run at once: prepared in
-        their threads, each waited for the GIL while the other prepared."""
+        their threads, each waited for the GIL while the other prepared.
+
+        ``shared`` > 1: that many threads of BLAS's pool run every step
+        together (jit_kernels.steps.run_steps_shared), the products split by
+        their panels, the kernels and copies by the rows, waiting for each
+        other where a block reads what the blocks before wrote; only where
+        :attr:`can_share`, with packed products, over all the rows, and at most
+        as many threads as rows.  The products of a sequence's steps, where
+        ``hoisted_products``, run before the steps on all of BLAS's threads, as
+        on one thread: the bits do not depend on ``shared``."""
         from jit_kernels import steps as library
 
         n_seq, n_state = self.n_seq, self.n_state
@@ -155,7 +188,8 @@ class StepBlocks:
             known = self._constants = (constants, [np.ascontiguousarray(c) for c in constants])
         arrays[end - len(constants):end] = known[1]  # the same arrays call after call
         key = (first, stop, steps, bool(reverse), lo, hi, bool(packed_products),
-               bool(hoisted_products), *[a.shape for a in arrays], *[a.dtype for a in arrays])
+               bool(hoisted_products), shared, *[a.shape for a in arrays],
+               *[a.dtype for a in arrays])
         # a table runs one call at a time: each call takes one from the pool
         pool = self._tables.setdefault(key, [])
         if pool is None:
@@ -164,7 +198,7 @@ class StepBlocks:
             table = pool.pop()
         except IndexError:
             table = self._table(first, stop, steps, reverse, lo, hi, packed_products,
-                                hoisted_products, arrays)
+                                hoisted_products, arrays, shared)
             if table is None:
                 self._tables[key] = None
                 return None
@@ -173,22 +207,38 @@ class StepBlocks:
             table.addresses_of(arrays, n_seq + n_state, len(arrays) - self.n_stacked))
 
         def run():
-            library.run_steps(first, stop, steps, bool(reverse), blocks, descriptors, moving)
+            if table.shared > 1:
+                from jit_kernels.parts import run_parts
+                calls, tasks, counters = table.shared_arrays
+                counters[:] = 0
+                run_parts(table.shared, lambda i: library.run_steps_shared(
+                    first, stop, steps, bool(reverse), blocks, descriptors, moving, calls, tasks,
+                    counters))
+            else:
+                library.run_steps(first, stop, steps, bool(reverse), blocks, descriptors, moving)
             pool.append(table)
             return tuple(pair[(stop - first) % 2] for pair in pairs)  # the last step wrote it
         return run
 
     def _table(self, first, stop, steps, reverse, lo, hi, packed_products, hoisted_products,
-               arrays):
-        """The blocks of the steps for these arguments (see __call__) as a
+               arrays, shared):
+        """The blocks of the steps for these arguments (see prepare) as a
         :class:`_Table`, or None where they do not fit the steps."""
         n_seq, n_state, n_stacked = self.n_seq, self.n_state, self.n_stacked
+        if shared > 1 and not (self.can_share and packed_products and lo == 0):
+            raise ValueError("StepBlocks: threads share only steps whose products all run on "
+                             "packed weights, over all the rows")
         n_const = len(self.constant_names)
         n_inv = len(arrays) - n_seq - n_state - n_const - n_stacked
         earliest = steps - stop if reverse else first
         last = steps - first if reverse else stop
         table = _Table()
         values = {}
+        if shared > 1:
+            rows = arrays[n_seq].shape[1] if n_state else _rows(arrays[0], lo, hi)  # (pairs)
+            if not 1 < shared <= rows:
+                return None
+            table.share(shared, rows)
         for i, s in enumerate(arrays[:n_seq]):  # the step's slice s[t, lo:hi]
             values[f"p{i}"] = table.moving(i, s, (_rows(s, lo, hi),) + s.shape[2:], s.strides[1] * lo)
         t0 = steps - 1 - first if reverse else first  # the first step's index
@@ -241,7 +291,7 @@ class StepBlocks:
                     or target.dtype != value.dtype):
                 return None
             destination = table.moving(index, target, value.shape, target.strides[1] * lo)
-            table.copy(self._addresses["copy"], value, destination, 1, value.nbytes, 0, 0, 0)
+            table.copy(self._addresses["copy"], value, destination, None, None, 0, 0, 0)
         for j in range(n_state):
             name, pair = results[len(results) - n_state + j], arrays[n_seq + j]
             value = values[name]
@@ -249,20 +299,19 @@ class StepBlocks:
                 return None
             if written.get(name) is not value:  # not written in place by its block
                 table.copy(self._addresses["copy"], value,
-                           table.alternating(n_seq + j, pair, 1 - t0 % 2), 1, value.nbytes, 0, 0, 0)
+                           table.alternating(n_seq + j, pair, 1 - t0 % 2), None, None, 0, 0, 0)
         return table
 
     def _kernel_row(self, op, table, values, constants):
         """The block of a fused kernel; False where its arguments do not fit it."""
-        row = table.row(self._addresses[id(op)])
-        shapes = []
+        cells, shapes = [], []  # (column, value, whether it is an array)
         slots = codegen.step_block_slots(op.spec)
         for arg, (column, rank), (pattern, _, dtype) in zip(op.args, slots, op.spec.inputs):
             if pattern != "S":
                 value = values[arg]
                 if len(value.shape) != rank:
                     return False
-                table.put(row, column, value, value.shape)
+                cells.append((column, value, True))
                 shapes.append(value.shape)
                 continue
             if arg.endswith(_SCALAR_OF):
@@ -271,12 +320,23 @@ class StepBlocks:
                     return False
             else:  # a scalar constant, of the type the kernel reads
                 value = table.own(np.array([constants[arg]], dtype))
-            table.put(row, column, value, ())
+            cells.append((column, value, False))
             shapes.append(None)
         shape = codegen.domain_shape(op.spec, shapes)
+        reads = [value for _, value, _ in cells]
         for out, (column, _), (j, _, _) in zip(op.outs, slots[len(op.args):], op.spec.outputs):
             values[out] = table.scratch(out, shape, op.spec.nodes[j][4])
-            table.put(row, column, values[out], shape)
+            cells.append((column, values[out], True))
+        table.block("rows", reads, [values[out] for out in op.outs])
+        for part in table.row_parts():
+            row = table.row(self._addresses[id(op)])
+            for column, value, is_array in cells:
+                # the kernel's part of the rows: of its arrays with those rows
+                # (not those broadcast along them)
+                if (part is not None and is_array and len(value.shape) == len(shape)
+                        and value.shape[:1] == shape[:1]):
+                    value = value.rows(*part)
+                table.put(row, column, value, value.shape if is_array else ())
         return True
 
     def _product_row(self, op, table, values, arrays, packed_products, hoisted_products, bounds):
@@ -302,19 +362,25 @@ class StepBlocks:
                                     steps.array.strides[0])
             return True
         out = values[op.out] = table.scratch(op.out, (m, n), x.dtype)
-        row = table.row(self._addresses[op.itemsize])
-        table.put(row, library.PRODUCT_A, x, (m, k))
-        table.put(row, library.PRODUCT_B, w, w.shape)
-        table.set(row, library.PRODUCT_TRANSPOSE_B, int(op.transpose_b))
+        panels = None
         if packed_products and op.w in self.packable and not op.transpose_a:
             width = packed.panel_width(x.dtype.itemsize)
             tb = np.bool_(op.transpose_b)
             panels = table.refilled(
                 np.empty(((n + width - 1) // width, k, width), x.dtype),
                 lambda arrays, out: packed.pack_into(arrays[w.index], tb, out), key=(op.w, tb))
-            table.put(row, library.PRODUCT_PANELS, panels, panels.shape[:1])
-        table.put(row, library.PRODUCT_OUT, out, ())
-        table.set(row, library.PRODUCT_TRANSPOSE_A, int(op.transpose_a))
+        table.block("columns", [x, w], [out])
+        for first, end in table.panel_parts(0 if panels is None else panels.shape[0]):
+            row = table.row(self._addresses[op.itemsize])
+            table.put(row, library.PRODUCT_A, x, (m, k))
+            table.put(row, library.PRODUCT_B, w, w.shape)
+            table.set(row, library.PRODUCT_TRANSPOSE_B, int(op.transpose_b))
+            if panels is not None:
+                table.put(row, library.PRODUCT_PANELS, panels, panels.shape[:1])
+            table.put(row, library.PRODUCT_OUT, out, ())
+            table.set(row, library.PRODUCT_TRANSPOSE_A, int(op.transpose_a))
+            table.set(row, library.PRODUCT_PANEL_RANGE, first)
+            table.set(row, library.PRODUCT_PANEL_RANGE + 1, end)
         return True
 
 
@@ -339,6 +405,12 @@ class _Value:
         self.dtype = array.dtype
         self.nbytes = math.prod(self.shape) * array.itemsize
 
+    def rows(self, lo, hi):
+        """Its rows lo:hi (along axis 0)."""
+        row_bytes = self.nbytes // self.shape[0] if self.shape[0] else 0
+        return _Value(self.array, (hi - lo,) + self.shape[1:], self.address + lo * row_bytes,
+                      self.stride, self.index, self.flip)
+
 
 class _Table:
     """The blocks' addresses, their descriptors and the descriptors' moving
@@ -358,6 +430,39 @@ class _Table:
         self._arrays = None
         self._steady = ((), [])  # the last call's invariants and constants, and their addresses
         self.written = {}  # {a new state's name: where its block writes it} (see scratch)
+        # threads sharing each step (see share): their count, the rows' bounds
+        # between them, and each block's (kind, first row, arrays read, written)
+        self.shared, self._bounds, self._accesses = 1, None, []
+        self.shared_arrays = None  # (calls, tasks, counters) of run_steps_shared
+
+    def share(self, parts, rows):
+        """Make each block's rows in ``parts`` parts, one for each thread of a
+        shared run: a kernel's or copy's part of the ``rows``, a product's part
+        of its panels."""
+        self.shared = parts
+        self._bounds = [rows * i // parts for i in range(parts + 1)]
+
+    def row_parts(self):
+        """The (lo, hi) of each part of the rows, or [None] where unshared."""
+        return list(zip(self._bounds, self._bounds[1:])) if self.shared > 1 else [None]
+
+    def panel_parts(self, panels):
+        """The (first, end) of each part of ``panels`` panels, or [(0, -1)] (all)
+        where unshared."""
+        parts = self.shared
+        if parts == 1:
+            return [(0, -1)]
+        if not panels:
+            raise ValueError("StepBlocks: threads share a product only on packed panels")
+        return [(panels * i // parts, panels * (i + 1) // parts) for i in range(parts)]
+
+    def block(self, kind, reads, writes):
+        """The next block's rows (one for each part, made next) work by ``kind``:
+        "rows" (each part the same rows of every array it touches) or "columns"
+        (each part reads the whole of ``reads``, writes its columns of
+        ``writes``)."""
+        self._accesses.append((kind, len(self.rows), {id(v.array) for v in reads},
+                               {id(v.array) for v in writes}))
 
     def own(self, array):
         self.owned.append(array)
@@ -437,15 +542,27 @@ class _Table:
 
     def copy(self, block, source, target, lines, length, source_step, target_step, offset):
         """A copy block: ``lines`` lines of ``length`` bytes from ``source`` to
-        ``target`` (``offset`` bytes in)."""
+        ``target`` (``offset`` bytes in); ``lines`` None: the whole of source,
+        of target's shape."""
         from jit_kernels import steps as library
-        row = self.row(block)
-        self.put(row, library.COPY_FROM, source, ())
-        self.put(row, library.COPY_TO, _Value(target.array, target.shape, target.address + offset,
-                                              target.stride, target.index, target.flip), ())
-        for column, number in enumerate((lines, length, source_step, target_step),
-                                        library.COPY_LINES):
-            self.set(row, column, number)
+        self.block("rows", [source], [target])
+        for part in self.row_parts():
+            whole_lines, whole_length = (1, source.nbytes) if lines is None else (lines, length)
+            part_source, part_target = source, target
+            if part is not None:
+                part_source, part_target = source.rows(*part), target.rows(*part)
+                if lines is None:
+                    whole_length = part_source.nbytes
+                else:  # lines of each row
+                    whole_lines = lines // source.shape[0] * part_source.shape[0]
+            row = self.row(block)
+            self.put(row, library.COPY_FROM, part_source, ())
+            self.put(row, library.COPY_TO, _Value(
+                part_target.array, part_target.shape, part_target.address + offset,
+                part_target.stride, part_target.index, part_target.flip), ())
+            for column, number in enumerate((whole_lines, whole_length, source_step, target_step),
+                                            library.COPY_LINES):
+                self.set(row, column, number)
 
     def addresses_of(self, arrays, start, end):
         """The addresses of a call's arguments ``arrays``, as an int64 array.
@@ -471,9 +588,58 @@ class _Table:
                 descriptors[r, :len(items)] = items
             cells = np.array(self.cells, np.int64).reshape(-1, 4)
             moving_cells = np.array(self.moving_cells, np.int64).reshape(-1, 3)
-            self._arrays = (np.array(self.blocks, np.int64), descriptors,
-                            np.array(self.moves, np.int64).reshape(-1, 5), cells, moving_cells)
+            moves = np.array(self.moves, np.int64).reshape(-1, 5)
+            if self.shared > 1:
+                moves, moving_cells = self._share(moves, moving_cells)
+            self._arrays = (np.array(self.blocks, np.int64), descriptors, moves, cells, moving_cells)
         blocks, descriptors, moves, cells, moving_cells = self._arrays
         descriptors[cells[:, 0], cells[:, 1]] = bases[cells[:, 2]] + cells[:, 3]
         moves[moving_cells[:, 0], 2] = bases[moving_cells[:, 1]] + moving_cells[:, 2]
         return blocks, descriptors, moves
+
+    def _share(self, moves, moving_cells):
+        """The tasks of a shared run (jit_kernels.steps.run_steps_shared) into
+        :attr:`shared_arrays`; ``moves`` ordered by task, and ``moving_cells``
+        pointing into them so.
+
+        Consecutive blocks of one kind form a group, the threads waiting for
+        each other between groups: where the kind changes, and between products
+        where one reads or writes what another of the group writes, or writes
+        what it reads (a product reads the whole of its operands).  Each part
+        of a group is one task: the part's rows of each block, in order, on
+        one thread."""
+        from jit_kernels import steps as library
+        parts = self.shared
+        groups = []  # [kind, first rows of its blocks, arrays read, written]
+        for kind, first, reads, writes in self._accesses:
+            group = groups[-1] if groups else None
+            if group is None or group[0] != kind or kind == "columns" and (
+                    reads & group[3] or writes & (group[2] | group[3])):
+                group = [kind, [], set(), set()]
+                groups.append(group)
+            group[1].append(first)
+            group[2] |= reads
+            group[3] |= writes
+        calls, task_of_row = [], {}
+        tasks = np.zeros((len(groups) * parts, library.TASK_WIDTH), np.int64)
+        for g, (_, firsts, _, _) in enumerate(groups):
+            for part in range(parts):
+                task = g * parts + part
+                tasks[task, library.TASK_CALLS] = len(calls)
+                for first in firsts:
+                    task_of_row[first + part] = task
+                    calls.append(first + part)
+                tasks[task, library.TASK_CALLS + 1] = len(calls)
+                tasks[task, library.TASK_AFTER] = g * parts
+        order = np.argsort([task_of_row[row] for row in moves[:, 0]], kind="stable")
+        moves = moves[order]
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        moving_cells = moving_cells.copy()
+        moving_cells[:, 0] = position[moving_cells[:, 0]]
+        ends = np.searchsorted([task_of_row[row] for row in moves[:, 0]],
+                               np.arange(len(tasks) + 1))
+        tasks[:, library.TASK_MOVES], tasks[:, library.TASK_MOVES + 1] = ends[:-1], ends[1:]
+        self.shared_arrays = (np.array(calls, np.int64), tasks,
+                              np.zeros(library.SHARED_COUNTERS, np.int64))
+        return moves, moving_cells

@@ -18,7 +18,11 @@ RNN's batch) each on its own, the rows are split between threads, each running
 the whole loop over its rows with single-threaded products: the threads never
 wait for each other, while a product shared between threads would synchronise
 them at every step, and a batch's small product gains little from a second
-thread (jit_kernels/blas.py).
+thread (jit_kernels/blas.py).  Where the rows are too few for every thread (a
+batch of 32 on 16 threads), the threads share each step instead, waiting for
+each other twice a step (scan_blocks.py): a few rows a part leave most of the
+micro-kernel's tile unused, so that the parts did more work in all than one
+thread (tuning.SCAN_SHARE_MIN_WORK).
 """
 import functools
 import warnings
@@ -73,7 +77,15 @@ class Loop:
                                                          invariants, stacked):
             return None
         try:
-            bounds = self._row_bounds(steps - first, seqs, states, invariants)
+            bounds, shared = self._split(steps - first, seqs, states, invariants)
+            if shared > 1:
+                seqs, states, invariants = ([np.ascontiguousarray(a) for a in arrays]
+                                            for arrays in (seqs, states, invariants))
+                # the products of a sequence's steps before the loop, on all of
+                # BLAS's threads, as on one thread: the same bits
+                return self._function(first, steps, steps, reverse, 0, _ALL_ROWS, True, True,
+                                      *seqs, *states, *invariants, *self.constants, *stacked,
+                                      shared=shared)
             if bounds is not None:
                 return self._run_split(bounds, first, steps, reverse, seqs, states, invariants,
                                        stacked)
@@ -154,20 +166,56 @@ class Loop:
         weight_bytes = sum(invariants[m].nbytes for m in self.packed_invariants)
         return packed.runs_packed(rows, weight_bytes, parts >= max(1, blas.threads()))
 
-    def _row_bounds(self, steps, seqs, states, invariants):
-        """Where the rows are cut between threads (first row of each part, then the
-        number of rows), or None where they are not."""
+    def _split(self, steps, seqs, states, invariants):
+        """How the loop's rows go between BLAS's threads: (bounds, shared), the
+        first row of each part then the number of rows, or None; and how many
+        threads share each step (scan_blocks.StepBlocks.prepare), or 1.
+
+        Where the step keeps its rows apart and the loop's work is large enough
+        (tuning.SCAN_SPLIT_MIN_ELEMENTS), each thread runs the whole loop over
+        its part of the rows, tuning.SCAN_SPLIT_MIN_ROWS_PER_THREAD rows at
+        least, and never waits for another.  Where that leaves threads idle (few
+        rows, many threads), the threads share each step instead where more of
+        them can: its products split by their panels, each thread getting
+        tuning.SCAN_SHARE_MIN_WORK multiply-adds at least, its kernels by the
+        rows, the threads waiting for each other between."""
         if self.row_aligned is None:
-            return None
+            return None, 1
         rows = (states[0] if states else seqs[0][0]).shape[0]
         from jit_kernels import blas
-        parts = min(blas.threads(), rows // tuning.SCAN_SPLIT_MIN_ROWS_PER_THREAD)
+        threads = blas.threads()
+        parts = min(threads, rows // tuning.SCAN_SPLIT_MIN_ROWS_PER_THREAD)
         elements = (sum(s.size for s in seqs) + steps * sum(s.size for s in states)
                     + steps * rows * self.product_columns)
-        if parts < 2 or elements < tuning.SCAN_SPLIT_MIN_ELEMENTS or not self._rows_match(
-                rows, seqs, states, invariants):
-            return None
-        return [rows * i // parts for i in range(parts + 1)]
+        if (threads < 2 or elements < tuning.SCAN_SPLIT_MIN_ELEMENTS
+                or not self._rows_match(rows, seqs, states, invariants)):
+            return None, 1
+        if parts < threads:
+            shared = self._shared_threads(rows, threads, invariants)
+            if shared > max(1, parts):
+                return None, shared
+        if parts < 2:
+            return None, 1
+        return [rows * i // parts for i in range(parts + 1)], 1
+
+    def _shared_threads(self, rows, threads, invariants):
+        """How many of ``threads`` can share the steps over ``rows`` rows (see
+        _split), or 1."""
+        if (not isinstance(self._function, scan_blocks.StepBlocks) or not self._function.can_share
+                or not self.has_packable or rows < tuning.SCAN_PACKED_MIN_ROWS):
+            return 1
+        from jit_kernels import packed
+        shapes = self._function.product_shapes(invariants)
+        if not shapes:
+            return 1
+        width = packed.panel_width(invariants[self.packed_invariants[0]].itemsize)
+        # each thread gets a part of the panels of every product
+        panels = min(-(-n // width) for _, n in shapes)
+        work = rows * sum(k * n for k, n in shapes)  # multiply-adds a step
+        count = min(threads, rows, panels, work // tuning.SCAN_SHARE_MIN_WORK)
+        if count < 2 or not self._runs_packed(rows, invariants, count):
+            return 1
+        return count
 
     def _rows_match(self, rows, seqs, states, invariants):
         return (all(s.shape[1] == rows for s in seqs) and all(s.shape[0] == rows for s in states)

@@ -70,12 +70,37 @@ def test_a_product_block_multiplies_as_numpy(dtype, transpose_a, transpose_b, on
     d = np.zeros((1, steps.PRODUCT_WIDTH), np.int64)
     d[0] = [_address(a), m, k, _address(b), *b.shape, int(transpose_b),
             0 if panels is None else _address(panels), 0 if panels is None else panels.shape[0],
-            _address(out), int(transpose_a)]
+            _address(out), int(transpose_a), 0, -1]
     block = steps.block_address(steps.PRODUCT_BLOCKS[np.dtype(dtype).itemsize])
     steps.run_steps(0, 1, 1, False, np.array([block], np.int64), d, _no_moves())
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     want = (a64.T if transpose_a else a64) @ (b64.T if transpose_b else b64)
     np.testing.assert_allclose(out, want, rtol=1e-5 if dtype == np.float32 else 1e-12,
+                               atol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_product_block_on_a_range_of_panels_writes_those_columns_alone(dtype):
+    # three parts of the panels of a 5 x 7 @ 7 x (4 panels and a bit) product,
+    # each into its columns of one out, the last with the part-filled panel
+    if not blas.AVAILABLE:
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64")
+    r = np.random.default_rng(2)
+    m, k = 5, 7
+    width = packed.panel_width(np.dtype(dtype).itemsize)
+    n = 4 * width + 3
+    a, b = r.standard_normal((m, k)).astype(dtype), r.standard_normal((k, n)).astype(dtype)
+    panels = packed.pack(b, False)
+    out = np.full((m, n), np.nan, dtype)
+    block = steps.block_address(steps.PRODUCT_BLOCKS[np.dtype(dtype).itemsize])
+    for first, end in ((1, 3), (3, 5)):  # panel 0 left alone
+        d = np.array([[_address(a), m, k, _address(b), k, n, 0, _address(panels), panels.shape[0],
+                       _address(out), 0, first, end]], np.int64)
+        steps.run_steps(0, 1, 1, False, np.array([block], np.int64), d, _no_moves())
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.isnan(out[:, :width]).all()
+    np.testing.assert_allclose(out[:, width:], want[:, width:],
+                               rtol=1e-5 if dtype == np.float32 else 1e-12,
                                atol=1e-5 if dtype == np.float32 else 1e-12)
 
 
@@ -89,3 +114,95 @@ def test_a_copy_block_copies_lines_between_strided_places():
     want = np.zeros((4, 6), np.int16)
     want[:, 2:4] = source[:, 1:3]
     np.testing.assert_array_equal(target, want)
+
+
+@njit_cached(nogil=True)
+def _mean_plus_one_block(d):
+    """A block: the mean of the d[2] float64 items at d[0], plus one, written to d[1]."""
+    source = parts.array_at(d[0], (d[2],), np.float64)
+    target = parts.array_at(d[1], (1,), np.float64)
+    target[0] = source.sum() / d[2] + 1.0
+
+
+def _shared_chain(threads, steps_count, fails=False):
+    """A run_steps_shared of two groups of ``threads`` tasks a step: task j of the
+    first writes y[j] = mean(acc) + 1 (reading all of acc), task j of the second
+    copies y[j] to acc[j].  Each step then adds exactly one to every acc[j]
+    where the second group waits for the whole first, and the first for the
+    step before; a task reading acc while another writes it sees a mean with a
+    fraction.  Returns (acc, the arguments of run_steps_shared); where
+    ``fails``, task 0's block raises from step 1 on."""
+    acc, y = np.zeros(threads), np.zeros(threads)
+    mean, copy = steps.block_address(_mean_plus_one_block), steps.block_address(steps.copy_block)
+    blocks = np.array([mean] * threads + [copy] * threads, np.int64)
+    descriptors = np.zeros((2 * threads, 6), np.int64)
+    tasks = np.zeros((2 * threads, steps.TASK_WIDTH), np.int64)
+    for j in range(threads):
+        descriptors[j, :3] = _address(acc), _address(y) + 8 * j, threads
+        descriptors[threads + j, :4] = _address(y) + 8 * j, _address(acc) + 8 * j, 1, 8
+        tasks[j, [steps.TASK_CALLS, steps.TASK_CALLS + 1]] = j, j + 1
+        tasks[threads + j, [steps.TASK_CALLS, steps.TASK_CALLS + 1]] = threads + j, threads + j + 1
+        tasks[threads + j, steps.TASK_AFTER] = threads
+    moving = _no_moves()
+    if fails:  # task 0's block adds one, and raises where its d[2], moved to t, is not 0
+        blocks[0] = steps.block_address(_add_one_block)
+        descriptors[0, :3] = _address(y), _address(y), 0
+        moving = np.array([[0, 2, 0, 1, 0]], np.int64)
+        tasks[0, [steps.TASK_MOVES, steps.TASK_MOVES + 1]] = 0, 1
+    calls = np.arange(2 * threads, dtype=np.int64)
+    counters = np.zeros(steps.SHARED_COUNTERS, np.int64)
+    return acc, (0, steps_count, steps_count, False, blocks, descriptors, moving, calls, tasks,
+                 counters)
+
+
+def _run_on_threads(threads, arguments):
+    """run_steps_shared(*arguments) from ``threads`` Python threads at once (it
+    releases the GIL); the exceptions each raised (None where none)."""
+    import threading
+    errors = [None] * threads
+
+    def run(i):
+        try:
+            steps.run_steps_shared(*arguments)
+        except Exception as exc:  # noqa: BLE001 - returned to the test
+            errors[i] = exc
+    workers = [threading.Thread(target=run, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=60)
+    assert not any(w.is_alive() for w in workers), "a thread of a shared run never returned"
+    return errors
+
+
+@pytest.mark.parametrize("threads", [2, 3, 5])
+def test_threads_sharing_steps_run_each_task_after_those_it_waits_for(threads):
+    # more threads than this machine may have cores: a waiting thread gives up
+    # its core, so the one it waits for runs
+    acc, arguments = _shared_chain(threads, 2000)
+    assert _run_on_threads(threads, arguments) == [None] * threads
+    np.testing.assert_array_equal(acc, np.full(threads, 2000.0))
+    counters = arguments[-1]
+    assert counters[steps.SHARED_DONE] == 2000 * 2 * threads
+
+
+def test_calls_of_a_shared_run_one_after_another_run_every_task_in_the_first():
+    # a thread that starts late finds its work done: on one thread, the first
+    # call runs every task and the others return at once
+    acc, arguments = _shared_chain(4, 50)
+    steps.run_steps_shared(*arguments)
+    np.testing.assert_array_equal(acc, np.full(4, 50.0))
+    for _ in range(3):
+        steps.run_steps_shared(*arguments)
+    np.testing.assert_array_equal(acc, np.full(4, 50.0))
+
+
+def test_an_exception_in_a_shared_run_is_raised_and_stops_the_other_threads():
+    _, arguments = _shared_chain(3, 100, fails=True)
+    errors = _run_on_threads(3, arguments)
+    raised = [e for e in errors if e is not None]
+    assert len(raised) == 1 and isinstance(raised[0], ValueError), errors
+    assert "d[2] is not 0" in str(raised[0])
+    counters = arguments[-1]
+    assert counters[steps.SHARED_FAILED] == 1
+    assert counters[steps.SHARED_DONE] < 100 * 2 * 3  # the steps after it did not run

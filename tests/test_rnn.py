@@ -741,11 +741,13 @@ def test_a_gated_step_on_slices_of_one_product_back_propagates_in_a_compiled_loo
 
 @pytest.fixture
 def split_runs(monkeypatch, tuned):
-    """Every compiled loop over two rows or more splits them between BLAS's threads;
-    the list of the part counts of each split run."""
+    """Every compiled loop over two rows or more splits them between BLAS's threads
+    (rather than the threads sharing each step); the list of the part counts of
+    each split run."""
     if not blas.AVAILABLE or blas.threads() < 2:
         pytest.skip("the rows are split between OpenBLAS's threads, and it has one here")
-    tuned(SCAN_SPLIT_MIN_ROWS_PER_THREAD=1, SCAN_SPLIT_MIN_ELEMENTS=0)
+    tuned(SCAN_SPLIT_MIN_ROWS_PER_THREAD=1, SCAN_SPLIT_MIN_ELEMENTS=0,
+          SCAN_SHARE_MIN_WORK=1 << 62)
     from jit_kernels import parts
     runs, run_parts = [], parts.run_parts
 
@@ -764,7 +766,7 @@ def packed_ways(monkeypatch):
     from numbackend import codegen, scan_blocks
     ways, load_kernel, prepare = [], codegen.load_kernel, scan_blocks.StepBlocks.prepare
     monkeypatch.setattr(scan_blocks.StepBlocks, "prepare",
-                        lambda self, *a: ways.append(a[6]) or prepare(self, *a))
+                        lambda self, *a, **kw: ways.append(a[6]) or prepare(self, *a, **kw))
 
     def load_spied(source):
         module = load_kernel(source)
@@ -1117,8 +1119,8 @@ def test_the_loop_as_blocks_gives_the_generated_loops_bits(tuned, request, monke
     from numbackend import scan_blocks
     block_runs, prepare = [], scan_blocks.StepBlocks.prepare
 
-    def counted(self, *args):
-        run = prepare(self, *args)
+    def counted(self, *args, **kw):
+        run = prepare(self, *args, **kw)
         block_runs.append(run is not None)
         return run
     monkeypatch.setattr(scan_blocks.StepBlocks, "prepare", counted)
@@ -1162,9 +1164,9 @@ def test_a_loop_called_again_with_other_arrays_reads_and_writes_those(monkeypatc
     tables = []
     prepare = scan_blocks.StepBlocks.prepare
 
-    def spied(self, *args):
+    def spied(self, *args, **kw):
         tables.append(self)
-        return prepare(self, *args)
+        return prepare(self, *args, **kw)
     monkeypatch.setattr(scan_blocks.StepBlocks, "prepare", spied)
     (w, u, b), x, h0, _last, outputs, states = build_rnn()
     fn = K.function([x, h0], [outputs, states[0]])
@@ -1183,3 +1185,67 @@ def test_a_loop_called_again_with_other_arrays_reads_and_writes_those(monkeypatc
     assert len(tables) >= 4
     (blocks,) = set(tables)
     assert len(blocks._tables) >= 2  # one kind of arguments for each batch size
+
+
+@pytest.mark.parametrize("go_backwards", [False, True])
+def test_threads_sharing_each_step_give_the_one_thread_loops_bits(tuned, monkeypatch, go_backwards):
+    # the threads share each step (scan_blocks.StepBlocks.prepare's ``shared``):
+    # the products split by panels, the kernels, the stacked output's
+    # concatenation and the copies by rows, a per-row mask, a bias, two states;
+    # the same bits as the loop on one thread, and NumPy's loop within rounding
+    if not blas.AVAILABLE or blas.threads() < 2:
+        pytest.skip("the threads of OpenBLAS's pool share the steps, and it has one here")
+    from jit_kernels import packed
+    from numbackend import scan_blocks
+    shared, prepare = [], scan_blocks.StepBlocks.prepare
+
+    def spied(self, *args, **kw):
+        shared.append(kw.get("shared", 1))
+        return prepare(self, *args, **kw)
+    monkeypatch.setattr(scan_blocks.StepBlocks, "prepare", spied)
+    rows, steps, inputs = 7, 6, 5
+    units = 2 * packed.panel_width(4)  # 6 panels of 3 * units columns: 2 or more a thread
+    r = np.random.default_rng(5)
+    values = [(r.standard_normal(s) * 0.3).astype("float32")
+              for s in ((inputs, 3 * units), (units, 3 * units), (3 * units,),
+                        (rows, steps, inputs), (rows, units), (rows, units))]
+    keep_value = (r.random((rows, units)) > 0.3).astype("float32")
+
+    def step(w, u, bias, keep):
+        def body(x_t, states):
+            z = K.bias_add(K.dot(x_t, w), bias) + K.dot(states[0] * keep, u)
+            c = K.sigmoid(z[:, :units]) * states[1] + K.tanh(z[:, units:2 * units])
+            h = K.hard_sigmoid(z[:, 2 * units:]) * K.tanh(c)
+            return K.concatenate([h, c]), [h, c]
+        return body
+
+    got = {}
+    for form, settings in (("one thread", {"SCAN_SPLIT_MIN_ELEMENTS": 10**12}),
+                           ("shared", {"SCAN_SPLIT_MIN_ELEMENTS": 0, "SCAN_SHARE_MIN_WORK": 1,
+                                       "SCAN_SPLIT_MIN_ROWS_PER_THREAD": rows})):
+        tuned(**settings)
+        w, u, bias = (K.variable(v) for v in values[:3])
+        x = K.placeholder((None, steps, inputs), dtype="float32")
+        h0, c0, keep = (K.placeholder((None, units), dtype="float32") for _ in range(3))
+        _, outputs, (_, c_last) = K.rnn(step(w, u, bias, keep), x, [h0, c0],
+                                        go_backwards=go_backwards)
+        fn = K.function([x, h0, c0, keep], [outputs, c_last]
+                        + K.gradients(K.sum(outputs * outputs), [w, u]))
+        shared.clear()
+        for _ in range(3):  # the loop takes over from the second call
+            got[form] = fn(values[3:] + [keep_value])
+        got[form + " runs"] = list(shared)
+    assert got["one thread runs"] and set(got["one thread runs"]) == {1}
+    # forward shared between min(threads, 6 panels) threads; the backward loop's
+    # products by the step's values (x^T @ dz) do not split by panels
+    assert min(blas.threads(), 6) in got["shared runs"], got["shared runs"]
+    for one, both in zip(got["one thread"], got["shared"]):
+        np.testing.assert_array_equal(both, one)
+    h, c, want = values[4].astype("float64"), values[5].astype("float64"), []
+    for t in (range(steps - 1, -1, -1) if go_backwards else range(steps)):
+        z = values[3][:, t] @ values[0] + values[2] + (h * keep_value) @ values[1]
+        c = c / (1 + np.exp(-z[:, :units])) + np.tanh(z[:, units:2 * units])
+        h = np.clip(0.2 * z[:, 2 * units:] + 0.5, 0, 1) * np.tanh(c)
+        want.append(np.concatenate([h, c], axis=1))
+    np.testing.assert_allclose(got["shared"][0], np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["shared"][1], c, rtol=1e-4, atol=1e-5)

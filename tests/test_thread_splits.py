@@ -21,11 +21,19 @@ SCRIPT = textwrap.dedent("""
     from numpy.lib.stride_tricks import sliding_window_view
     import numbackend as K
     from jit_kernels import blas, conv, packed, parts, pool
+    from numbackend import scan_blocks
 
-    counts = []  # [kind, parts] of each run: compiled parts, or parts of Python
+    counts = []  # [kind, parts] of each run: compiled parts, parts of Python, shared steps
     run, run_parts = parts.run, parts.run_parts
     parts.run = lambda part, rows: counts.append(["compiled", len(rows)]) or run(part, rows)
     parts.run_parts = lambda count, part: counts.append(["python", count]) or run_parts(count, part)
+    prepare = scan_blocks.StepBlocks.prepare
+
+    def prepare_spied(self, *args, shared=1):
+        if shared > 1:
+            counts.append(["shared", shared])
+        return prepare(self, *args, shared=shared)
+    scan_blocks.StepBlocks.prepare = prepare_spied
     rng = np.random.default_rng(3)
     report = {"threads": blas.threads()}
 
@@ -67,28 +75,34 @@ SCRIPT = textwrap.dedent("""
     # max pooling by images
     x = rng.standard_normal((64, 24, 24, 64))
     check("pool", pool.max_pool_forward(x, 2), x.reshape(64, 12, 2, 12, 2, 64).max(axis=(2, 4)), 0)
+    def check_rnn(name, rows, steps, units):
+        wv, uv = rng.standard_normal((16, units)) * 0.3, rng.standard_normal((units, units)) * 0.1
+        w_, u_ = K.variable(wv, dtype="float64"), K.variable(uv, dtype="float64")
+        xs = K.placeholder((None, steps, 16), dtype="float64")
+        h0 = K.placeholder((None, units), dtype="float64")
+
+        def step(x_t, states):
+            h = K.tanh(K.dot(x_t, w_) + K.dot(states[0], u_))
+            return h, [h]
+
+        outputs = K.rnn(step, xs, [h0])[1]
+        f = K.function([xs, h0], [outputs])
+        xv, hv = rng.standard_normal((rows, steps, 16)), rng.standard_normal((rows, units))
+        for _ in range(3):  # the loop takes over from the second call
+            counts.clear()
+            got = f([xv, hv])[0]
+        h, want = hv, []
+        for t in range(steps):
+            h = np.tanh(xv[:, t] @ wv + h @ uv)
+            want.append(h)
+        check(name, got, np.stack(want, axis=1), 1e-10)
+
     # a tanh RNN's loop over time, its rows split (32 rows, 50 steps)
-    rows, steps, units = 32, 50, 128
-    wv, uv = rng.standard_normal((16, units)) * 0.3, rng.standard_normal((units, units)) * 0.1
-    w_, u_ = K.variable(wv, dtype="float64"), K.variable(uv, dtype="float64")
-    xs = K.placeholder((None, steps, 16), dtype="float64")
-    h0 = K.placeholder((None, units), dtype="float64")
-
-    def step(x_t, states):
-        h = K.tanh(K.dot(x_t, w_) + K.dot(states[0], u_))
-        return h, [h]
-
-    outputs = K.rnn(step, xs, [h0])[1]
-    f = K.function([xs, h0], [outputs])
-    xv, hv = rng.standard_normal((rows, steps, 16)), rng.standard_normal((rows, units))
-    for _ in range(3):  # the loop takes over from the second call
-        counts.clear()
-        got = f([xv, hv])[0]
-    h, want = hv, []
-    for t in range(steps):
-        h = np.tanh(xv[:, t] @ wv + h @ uv)
-        want.append(h)
-    check("rnn", got, np.stack(want, axis=1), 1e-10)
+    check_rnn("rnn", 32, 50, 128)
+    # 8 rows, 4 a thread at least: on more than 2 threads, the threads share each
+    # step, its 256 x 256 product (the input's is done before the loop) split
+    # between as many as get 128K multiply-adds
+    check_rnn("rnn shared", 8, 90, 256)
     print(json.dumps(report))
 """)
 
@@ -103,7 +117,8 @@ def _parts(kind, *counts):
 
 # The parts of each kernel (see jit_kernels.machine): compiled parts one per thread
 # where each gets tuning.PARTS_MIN_WORK (16K elements), parts of Python about
-# sqrt(work / tuning.PARTS_PYTHON_HANDOFF_WORK (32K)), a scan's rows 4 a part at least.
+# sqrt(work / tuning.PARTS_PYTHON_HANDOFF_WORK (32K)), a scan's rows 4 a part at least,
+# its steps shared where that leaves threads idle (tuning.SCAN_SHARE_MIN_WORK, 128K).
 EXPECTED_PARTS = {
     "packed 784": _parts("compiled", 1, 2, 3, 8),  # 784 x 512 weights: 401K items
     "packed 128": _parts("compiled", 1, 2, 3, 4),  # 64K items: 4 parts at most
@@ -116,6 +131,10 @@ EXPECTED_PARTS = {
     "columns kernel gradient": _parts("python", 1, 2, 3, 8),
     "pool": _parts("python", 1, 2, 3, 8),  # 2.36M elements: sqrt = 8
     "rnn": _parts("python", 1, 2, 3, 8),  # 32 rows
+    # 8 rows: split in 2 parts of 4, or shared by up to 4 threads (512K
+    # multiply-adds a step), where that is more
+    "rnn shared": {1: [], 2: [["python", 2]], 3: [["shared", 3], ["python", 3]],
+                   8: [["shared", 4], ["python", 4]]},
 }
 
 

@@ -72,6 +72,9 @@ def w5():
     inputs = lstm_inputs()
     _calls(fn, [inputs[:1]])
     fn([inputs])
+    from numbackend import tuning
+    with tuning.override(SCAN_SPLIT_MIN_ROWS_PER_THREAD=len(inputs)):
+        fn([inputs])  # threads sharing each step, where there are two or more
     step = lstm_training_step()
     step([inputs, np.zeros((len(inputs), 128), F32)])
 

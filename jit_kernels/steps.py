@@ -49,16 +49,22 @@ PRODUCT_WIDTH = 13
 COPY_FROM, COPY_TO, COPY_LINES = 0, 1, 2
 
 
+def _block_call(context, builder, descriptor_type, address, descriptor):
+    """The call of the block at ``address`` with ``descriptor``: its status."""
+    function_type = context.call_conv.get_function_type(types.none, [descriptor_type])
+    function = builder.inttoptr(address, function_type.as_pointer())
+    status, _ = context.call_conv.call_function(builder, function, types.none, [descriptor_type],
+                                                [descriptor])
+    return status
+
+
 @intrinsic
 def _call_block(typingctx, address, descriptor):
     """Call the block at the int ``address`` (a function compiled by Numba for
     :data:`BLOCK_ARGUMENT`, returning nothing) with ``descriptor``; an
     exception it raises is raised here."""
     def codegen(context, builder, sig, args):
-        function_type = context.call_conv.get_function_type(types.none, [descriptor])
-        function = builder.inttoptr(args[0], function_type.as_pointer())
-        status, _ = context.call_conv.call_function(builder, function, types.none, [descriptor],
-                                                    [args[1]])
+        status = _block_call(context, builder, descriptor, *args)
         with cgutils.if_unlikely(builder, status.is_error):
             context.call_conv.return_status_propagate(builder, status)
         return context.get_dummy_value()
@@ -129,10 +135,7 @@ def _call_block_or_fail(typingctx, address, descriptor, counters):
     """:func:`_call_block`, which first marks ``counters[SHARED_FAILED]`` where
     the block raised, so that the threads waiting for its task stop."""
     def codegen(context, builder, sig, args):
-        function_type = context.call_conv.get_function_type(types.none, [descriptor])
-        function = builder.inttoptr(args[0], function_type.as_pointer())
-        status, _ = context.call_conv.call_function(builder, function, types.none, [descriptor],
-                                                    [args[1]])
+        status = _block_call(context, builder, descriptor, args[0], args[1])
         with cgutils.if_unlikely(builder, status.is_error):
             array = context.make_array(sig.args[2])(context, builder, args[2])
             pointer = cgutils.get_item_pointer(context, builder, sig.args[2], array,

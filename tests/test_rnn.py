@@ -1103,6 +1103,20 @@ def _gated_step(w, u, bias, keep):
     return step
 
 
+def _numpy_gated_steps(values, keep, units, go_backwards):
+    """The h and c of each step of _gated_step's loop in NumPy, float64, stacked
+    along axis 1 in the order the steps ran; ``values``: w, u, bias, x, h0, c0."""
+    w, u, bias, x, h, c = (v.astype("float64") for v in values)
+    hs, cs = [], []
+    for t in (range(x.shape[1] - 1, -1, -1) if go_backwards else range(x.shape[1])):
+        z = x[:, t] @ w + bias + (h * keep) @ u
+        c = c / (1 + np.exp(-z[:, :units])) + np.tanh(z[:, units:2 * units])
+        h = np.clip(0.2 * z[:, 2 * units:] + 0.5, 0, 1) * np.tanh(c)
+        hs.append(h)
+        cs.append(c)
+    return np.stack(hs, axis=1), np.stack(cs, axis=1)
+
+
 @pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("go_backwards", [False, True])
 def test_the_loop_as_blocks_gives_the_generated_loops_bits(tuned, request, monkeypatch, split,
@@ -1143,14 +1157,9 @@ def test_the_loop_as_blocks_gives_the_generated_loops_bits(tuned, request, monke
     for generated, blocks in zip(got["generated"], got["blocks"]):
         np.testing.assert_array_equal(blocks, generated)
     # and the same as NumPy's loop (within float32's rounding)
-    h, c, want = values[4].astype("float64"), values[5].astype("float64"), []
-    for t in (range(T - 1, -1, -1) if go_backwards else range(T)):
-        z = values[3][:, t] @ values[0] + values[2] + (h * keep_value) @ values[1]
-        c = c / (1 + np.exp(-z[:, :U])) + np.tanh(z[:, U:2 * U])
-        h = np.clip(0.2 * z[:, 2 * U:] + 0.5, 0, 1) * np.tanh(c)
-        want.append(h)
-    np.testing.assert_allclose(got["blocks"][0], np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got["blocks"][1], c, rtol=1e-4, atol=1e-5)
+    hs, cs = _numpy_gated_steps(values, keep_value, U, go_backwards)
+    np.testing.assert_allclose(got["blocks"][0], hs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["blocks"][1], cs[:, -1], rtol=1e-4, atol=1e-5)
 
 
 def test_a_loop_called_again_with_other_arrays_reads_and_writes_those(monkeypatch):
@@ -1241,11 +1250,7 @@ def test_threads_sharing_each_step_give_the_one_thread_loops_bits(tuned, monkeyp
     assert min(blas.threads(), 6) in got["shared runs"], got["shared runs"]
     for one, both in zip(got["one thread"], got["shared"]):
         np.testing.assert_array_equal(both, one)
-    h, c, want = values[4].astype("float64"), values[5].astype("float64"), []
-    for t in (range(steps - 1, -1, -1) if go_backwards else range(steps)):
-        z = values[3][:, t] @ values[0] + values[2] + (h * keep_value) @ values[1]
-        c = c / (1 + np.exp(-z[:, :units])) + np.tanh(z[:, units:2 * units])
-        h = np.clip(0.2 * z[:, 2 * units:] + 0.5, 0, 1) * np.tanh(c)
-        want.append(np.concatenate([h, c], axis=1))
-    np.testing.assert_allclose(got["shared"][0], np.stack(want, axis=1), rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got["shared"][1], c, rtol=1e-4, atol=1e-5)
+    hs, cs = _numpy_gated_steps(values, keep_value, units, go_backwards)
+    np.testing.assert_allclose(got["shared"][0], np.concatenate([hs, cs], axis=2), rtol=1e-4,
+                               atol=1e-5)
+    np.testing.assert_allclose(got["shared"][1], cs[:, -1], rtol=1e-4, atol=1e-5)

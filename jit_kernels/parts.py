@@ -12,6 +12,7 @@ parts).
 """
 import ctypes
 import functools
+import time
 
 import numpy as np
 from llvmlite import ir
@@ -185,7 +186,7 @@ _clock_gettime = types.ExternalFunction("numbackend_clock_gettime",
 
 
 @njit_cached(inline='always')
-def _now_ns():
+def now_ns():
     """CLOCK_MONOTONIC in ns (time.monotonic_ns's clock)."""
     spec = np.empty(2, np.int64)
     _clock_gettime(1, spec.ctypes)
@@ -207,9 +208,9 @@ def _call_at(typingctx, function, argument):
 def _timed_part(d):
     """The part d[0] of argument d[1], its start and end times written to d[2], d[3]."""
     row = carray(d, 4)
-    row[2] = _now_ns()
+    row[2] = now_ns()
     _call_at(row[0], row[1])
-    row[3] = _now_ns()
+    row[3] = now_ns()
 
 
 _timed = compiled_part(_timed_part)
@@ -229,7 +230,7 @@ def run_on_pool(count, function, arguments, step):
     ``tuning.PARTS_CONTENDED_SERIAL_NS``.  The same parts either way, so the same
     results.  Under blas.parts_lock()."""
     state = array_at(_pool_state(), (3,), np.int64)
-    start = _now_ns()
+    start = now_ns()
     if start < state[0]:
         # the products inside the parts on this thread too: OpenBLAS's threads
         # would wait for the busy core as the pool's did (same results)
@@ -252,8 +253,31 @@ def run_on_pool(count, function, arguments, step):
         return
     state[2] += 1
     if state[2] >= tuning.PARTS_LATE_RUNS:
-        state[0] = _now_ns() + tuning.PARTS_CONTENDED_SERIAL_NS
+        state[0] = now_ns() + tuning.PARTS_CONTENDED_SERIAL_NS
         state[2] = 0
+
+
+# runs in a row of threads sharing a scan's steps that found a thread without its core
+_late_shared_runs = 0
+
+
+def note_shared_run(long_waits, elapsed_ns, steps):
+    """After a run of threads sharing a scan's ``steps`` steps
+    (steps.run_steps_shared), which took ``elapsed_ns``: where a thread waited
+    longer than ``tuning.PARTS_LATE_START_NS`` for another's task (``long_waits``
+    such waits) in steps that took less than that on average, that thread had
+    lost its core; after ``tuning.PARTS_LATE_RUNS`` such runs in a row, parts
+    run on the calling thread alone for ``tuning.PARTS_CONTENDED_SERIAL_NS``,
+    as after late starts (:func:`run_on_pool`): a shared run then runs every
+    task in its first call."""
+    global _late_shared_runs
+    if long_waits == 0 or elapsed_ns >= steps * tuning.PARTS_LATE_START_NS:
+        _late_shared_runs = 0
+        return
+    _late_shared_runs += 1
+    if _late_shared_runs >= tuning.PARTS_LATE_RUNS:
+        blas.pool_state[0] = time.monotonic_ns() + tuning.PARTS_CONTENDED_SERIAL_NS
+        _late_shared_runs = 0
 
 
 # The Python job of the run_parts under way: (part, results, errors), under

@@ -27,9 +27,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from . import blas, packed
+from . import blas, packed, tuning
 from .compiling import njit_cached
-from .parts import array_at
+from .parts import array_at, now_ns
 
 # The one argument of a block, as Numba types it: a row of a C-contiguous
 # int64 matrix.
@@ -88,9 +88,10 @@ def run_steps(first, stop, steps, reverse, blocks, descriptors, moving):
 
 
 # The counters of run_steps_shared, each on a cache line of its own: the
-# next task to claim, the tasks done, and whether a block raised.
-SHARED_CLAIMED, SHARED_DONE, SHARED_FAILED = 0, 8, 16
-SHARED_COUNTERS = 24
+# next task to claim, the tasks done, whether a block raised, and how many
+# waits took longer than tuning.PARTS_LATE_START_NS.
+SHARED_CLAIMED, SHARED_DONE, SHARED_FAILED, SHARED_LONG_WAITS = 0, 8, 16, 24
+SHARED_COUNTERS = 32
 # A task's row in run_steps_shared: its calls (rows of ``calls``), its moving
 # addresses (rows of ``moving``), and the tasks of its step done before it starts.
 TASK_CALLS, TASK_MOVES, TASK_AFTER = 0, 2, 4
@@ -162,7 +163,9 @@ def run_steps_shared(first, stop, steps, reverse, blocks, descriptors, moving, c
     threads that start late find their work done, and the calls one after
     another on one thread run every task.  ``counters``: int64, zeros, of
     :data:`SHARED_COUNTERS`; where a block raises, the others stop at their
-    next wait and the exception is raised by its thread's call."""
+    next wait and the exception is raised by its thread's call.  A wait longer
+    than ``tuning.PARTS_LATE_START_NS`` is counted (a thread running a task
+    lost its core: parts.note_shared_run)."""
     per_step = tasks.shape[0]
     total = (stop - first) * per_step
     spins = 0
@@ -173,14 +176,19 @@ def run_steps_shared(first, stop, steps, reverse, blocks, descriptors, moving, c
         n = claimed // per_step
         task = claimed - n * per_step
         after = n * per_step + tasks[task, TASK_AFTER]
+        waiting_since = 0  # from the wait's first yield: a short wait reads no clock
         while _load_acquire(counters, SHARED_DONE) < after:
             if _load_acquire(counters, SHARED_FAILED) != 0:
                 return
             spins += 1
             if spins & 63 == 0:
+                if waiting_since == 0:
+                    waiting_since = now_ns()
                 _sched_yield()  # a thread we wait for may have no core
             else:
                 _pause()
+        if waiting_since != 0 and now_ns() - waiting_since > tuning.PARTS_LATE_START_NS:
+            _fetch_add(counters, SHARED_LONG_WAITS, 1)
         n += first
         t = steps - 1 - n if reverse else n
         for m in range(tasks[task, TASK_MOVES], tasks[task, TASK_MOVES + 1]):

@@ -541,7 +541,9 @@ _define("PARTS_LATE_START_NS", 500_000, "ns",
         "chosen: a thread woken from sleep starts within tens of microseconds",
         "a run on the pool whose last thread started its part this long after the run began, "
         "and later than the calling thread took for its own part, had a thread that was not "
-        "running (another process had its core)", compiled=True,
+        "running (another process had its core); so had a run of threads sharing a scan's "
+        "steps where one waited this long for another's task, in steps shorter than this",
+        compiled=True,
         decides="whether parts run on OpenBLAS's threads or on the calling thread alone "
                 "(jit_kernels.parts.run_on_pool), by the start times of earlier runs; pin it to "
                 "threads with NUMBACKEND_TUNE_PARTS_CONTENDED_SERIAL_NS=0")

@@ -28,6 +28,7 @@ same bits.
 """
 import math
 import operator
+import time
 
 import numpy as np
 
@@ -208,12 +209,15 @@ class StepBlocks:
 
         def run():
             if table.shared > 1:
-                from jit_kernels.parts import run_parts
+                from jit_kernels import parts
                 calls, tasks, counters = table.shared_arrays
                 counters[:] = 0
-                run_parts(table.shared, lambda i: library.run_steps_shared(
+                start = time.monotonic_ns()
+                parts.run_parts(table.shared, lambda i: library.run_steps_shared(
                     first, stop, steps, bool(reverse), blocks, descriptors, moving, calls, tasks,
                     counters))
+                parts.note_shared_run(counters[library.SHARED_LONG_WAITS],
+                                      time.monotonic_ns() - start, stop - first)
             else:
                 library.run_steps(first, stop, steps, bool(reverse), blocks, descriptors, moving)
             pool.append(table)

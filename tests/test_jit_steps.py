@@ -1,8 +1,10 @@
 """jit_kernels.steps: a scan's steps as blocks called by one precompiled loop."""
+import time
+
 import numpy as np
 import pytest
 
-from jit_kernels import blas, packed, parts, steps
+from jit_kernels import blas, packed, parts, steps, tuning
 from jit_kernels.compiling import njit_cached
 
 
@@ -206,3 +208,57 @@ def test_an_exception_in_a_shared_run_is_raised_and_stops_the_other_threads():
     counters = arguments[-1]
     assert counters[steps.SHARED_FAILED] == 1
     assert counters[steps.SHARED_DONE] < 100 * 2 * 3  # the steps after it did not run
+
+
+@njit_cached(nogil=True)
+def _slow_block(d):
+    """A block: runs for d[0] ns at step 0 (d[1], moved to t, is 0), else returns."""
+    if d[1] == 0:
+        start = parts.now_ns()
+        while parts.now_ns() - start < d[0]:
+            pass
+
+
+def test_a_wait_longer_than_a_late_start_is_counted():
+    # two threads, 2 groups of 2 tasks a step; the first step's task 0 runs
+    # 30 ms: the thread that did not take it waits for it at the next group
+    slow = steps.block_address(_slow_block)
+    blocks = np.full(4, slow, np.int64)
+    descriptors = np.zeros((4, 2), np.int64)
+    descriptors[0, 0] = 30_000_000
+    descriptors[1:, 1] = 1  # never slow
+    tasks = np.zeros((4, steps.TASK_WIDTH), np.int64)
+    for task in range(4):
+        tasks[task, [steps.TASK_CALLS, steps.TASK_CALLS + 1]] = task, task + 1
+        tasks[task, steps.TASK_AFTER] = 2 * (task // 2)
+    tasks[0, [steps.TASK_MOVES, steps.TASK_MOVES + 1]] = 0, 1
+    moving = np.array([[0, 1, 0, 1, 0]], np.int64)  # d[1] = t
+    counters = np.zeros(steps.SHARED_COUNTERS, np.int64)
+    arguments = (0, 20, 20, False, blocks, descriptors, moving, np.arange(4, dtype=np.int64),
+                 tasks, counters)
+    assert _run_on_threads(2, arguments) == [None, None]
+    assert counters[steps.SHARED_DONE] == 20 * 4
+    assert counters[steps.SHARED_LONG_WAITS] >= 1
+    counters[:] = 0
+    steps.run_steps_shared(*arguments)  # on one thread: no wait at all
+    assert counters[steps.SHARED_LONG_WAITS] == 0
+
+
+def test_runs_that_waited_long_twice_in_a_row_put_the_parts_on_one_thread(monkeypatch):
+    # as late starts do (parts.run_on_pool): a long wait in steps shorter than
+    # it on average, two runs in a row; not in long steps, nor in turns
+    saved = blas.pool_state.copy()  # the compiled code's array: restored in place
+    try:
+        monkeypatch.setattr(parts, "_late_shared_runs", 0)
+        blas.pool_state[0] = 0
+        late = tuning.PARTS_LATE_START_NS
+        parts.note_shared_run(1, 10 * late, 100)  # 100 short steps with a long wait
+        parts.note_shared_run(0, 10 * late, 100)  # then one without: the count starts again
+        parts.note_shared_run(1, 200 * late, 100)  # long steps: not late
+        parts.note_shared_run(1, 10 * late, 100)
+        assert blas.pool_state[0] == 0
+        parts.note_shared_run(1, 10 * late, 100)
+        assert blas.pool_state[0] > time.monotonic_ns()
+    finally:
+        blas.pool_state[:] = saved
+

@@ -384,6 +384,15 @@ _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
         "run per step inside the loop, on packed weights, where the rows are split "
         "between threads and each gets this many; else as one product over all of a "
         "call's steps before the loop.")
+_define("SCAN_SHARE_MIN_THREADS", 4, "threads",
+        "measured on the 2-core Zen 4 VM, the W5 LSTM over 100 steps, the forms in turns in "
+        "one process: 2 threads sharing 4 and 6 rows ran 2-14% faster than one thread in "
+        "quiet phases of the VM, and up to 30% slower in noisy ones and beside a busy core "
+        "(two waits a step, and each step's values crossing between the cores' caches, cost "
+        "about what the second thread saves); from 4 threads each thread's share of the "
+        "work is a quarter or less.  Not measured on more cores",
+        "Threads share a scan's steps (SCAN_SHARE_MIN_WORK) only where at least this many "
+        "would.")
 _define("SCAN_SHARE_MIN_WORK", 1 << 17, "multiply-adds per thread of the products in a step",
         "measured on the 2-core Zen 4 VM, the W5 LSTM (its 128 x 512 recurrent product in "
         "the step, 65,536 multiply-adds a row) over 100 steps, each form timed in turns in "

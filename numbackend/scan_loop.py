@@ -176,9 +176,10 @@ class Loop:
         its part of the rows, tuning.SCAN_SPLIT_MIN_ROWS_PER_THREAD rows at
         least, and never waits for another.  Where that leaves threads idle (few
         rows, many threads), the threads share each step instead where more of
-        them can: its products split by their panels, each thread getting
-        tuning.SCAN_SHARE_MIN_WORK multiply-adds at least, its kernels by the
-        rows, the threads waiting for each other between."""
+        them can, tuning.SCAN_SHARE_MIN_THREADS at least: its products split by
+        their panels, each thread getting tuning.SCAN_SHARE_MIN_WORK
+        multiply-adds at least, its kernels by the rows, the threads waiting for
+        each other between."""
         if self.row_aligned is None:
             return None, 1
         rows = (states[0] if states else seqs[0][0]).shape[0]
@@ -213,7 +214,8 @@ class Loop:
         panels = min(-(-n // width) for _, n in shapes)
         work = rows * sum(k * n for k, n in shapes)  # multiply-adds a step
         count = min(threads, rows, panels, work // tuning.SCAN_SHARE_MIN_WORK)
-        if count < 2 or not self._runs_packed(rows, invariants, count):
+        if count < max(2, tuning.SCAN_SHARE_MIN_THREADS) or not self._runs_packed(
+                rows, invariants, count):
             return 1
         return count
 

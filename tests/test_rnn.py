@@ -1231,6 +1231,7 @@ def test_threads_sharing_each_step_give_the_one_thread_loops_bits(tuned, monkeyp
     got = {}
     for form, settings in (("one thread", {"SCAN_SPLIT_MIN_ELEMENTS": 10**12}),
                            ("shared", {"SCAN_SPLIT_MIN_ELEMENTS": 0, "SCAN_SHARE_MIN_WORK": 1,
+                                       "SCAN_SHARE_MIN_THREADS": 2,
                                        "SCAN_SPLIT_MIN_ROWS_PER_THREAD": rows})):
         tuned(**settings)
         w, u, bias = (K.variable(v) for v in values[:3])

@@ -73,7 +73,7 @@ def w5():
     _calls(fn, [inputs[:1]])
     fn([inputs])
     from numbackend import tuning
-    with tuning.override(SCAN_SPLIT_MIN_ROWS_PER_THREAD=len(inputs)):
+    with tuning.override(SCAN_SPLIT_MIN_ROWS_PER_THREAD=len(inputs), SCAN_SHARE_MIN_THREADS=2):
         fn([inputs])  # threads sharing each step, where there are two or more
     step = lstm_training_step()
     step([inputs, np.zeros((len(inputs), 128), F32)])

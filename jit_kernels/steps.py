@@ -16,6 +16,10 @@ a scan loop generated with its step's 60 calls took seconds to compile
   descriptors: ``descriptors[row, column] = base + t * stride + (t % 2) *
   flip`` for each row of ``moving``.
 
+:func:`run_steps_shared` runs the steps from several threads at once, each
+step's blocks made in parts (one per thread) and grouped into tasks that the
+threads claim in order (numbackend/scan_blocks.py makes them).
+
 The blocks of the library are here (:func:`product_block`, :func:`copy_block`):
 each compiles once, into the package's seed.  A fused kernel's block is its
 module's ``STEP_BLOCK`` (numbackend/codegen.py).  :func:`block_address` is the

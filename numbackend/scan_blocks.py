@@ -117,17 +117,21 @@ class StepBlocks:
         self.can_share = all(op.w in packable and not op.transpose_a
                              for op in operations if isinstance(op, _Product))
 
-    def product_shapes(self, invariants):
-        """(depth, columns) of each product in the steps where the products of a
-        sequence's steps run before the loop, by the loop's ``invariants``,
-        where :attr:`can_share` (every product is by one)."""
+    def step_products(self, invariants):
+        """(the fewest panels of any, multiply-adds a row of all) of the products
+        in the steps, where the products of a sequence's steps run before the
+        loop, by the loop's ``invariants``, where :attr:`can_share` (every
+        product is by one); (0, 0) where the steps have none."""
+        from jit_kernels import packed
         first = self.n_seq + self.n_state
-        shapes = []
+        panels, work = [], 0
         for op in self.operations:
             if isinstance(op, _Product) and op.hoisted_from is None:
                 w = invariants[int(op.w[1:]) - first]
-                shapes.append(w.shape[::-1] if op.transpose_b else w.shape)
-        return shapes
+                width = packed.panel_width(op.itemsize)
+                panels.append(-(-(w.shape[0] if op.transpose_b else w.shape[1]) // width))
+                work += w.size
+        return min(panels, default=0), work
 
     @property
     def kernel_modules(self):
@@ -173,6 +177,7 @@ class StepBlocks:
         as many threads as rows.  The products of a sequence's steps, where
         ``hoisted_products``, run before the steps on all of BLAS's threads, as
         on one thread: the bits do not depend on ``shared``."""
+        from jit_kernels import parts
         from jit_kernels import steps as library
 
         n_seq, n_state = self.n_seq, self.n_state
@@ -209,7 +214,6 @@ class StepBlocks:
 
         def run():
             if table.shared > 1:
-                from jit_kernels import parts
                 calls, tasks, counters = table.shared_arrays
                 counters[:] = 0
                 start = time.monotonic_ns()

@@ -78,19 +78,17 @@ class Loop:
             return None
         try:
             bounds, shared = self._split(steps - first, seqs, states, invariants)
-            if shared > 1:
-                seqs, states, invariants = ([np.ascontiguousarray(a) for a in arrays]
-                                            for arrays in (seqs, states, invariants))
-                # the products of a sequence's steps before the loop, on all of
-                # BLAS's threads, as on one thread: the same bits
-                return self._function(first, steps, steps, reverse, 0, _ALL_ROWS, True, True,
-                                      *seqs, *states, *invariants, *self.constants, *stacked,
-                                      shared=shared)
             if bounds is not None:
                 return self._run_split(bounds, first, steps, reverse, seqs, states, invariants,
                                        stacked)
             seqs, states, invariants = ([np.ascontiguousarray(a) for a in arrays]
                                         for arrays in (seqs, states, invariants))
+            if shared > 1:
+                # the products of a sequence's steps before the loop, on all of
+                # BLAS's threads, as on one thread: the same bits
+                return self._function(first, steps, steps, reverse, 0, _ALL_ROWS, True, True,
+                                      *seqs, *states, *invariants, *self.constants, *stacked,
+                                      shared=shared)
             return self._run_rows(first, steps, reverse, 0, _ALL_ROWS, seqs, states, invariants,
                                   stacked, 1)
         except codegen.numba_error() as exc:
@@ -205,15 +203,9 @@ class Loop:
         if (not isinstance(self._function, scan_blocks.StepBlocks) or not self._function.can_share
                 or not self.has_packable or rows < tuning.SCAN_PACKED_MIN_ROWS):
             return 1
-        from jit_kernels import packed
-        shapes = self._function.product_shapes(invariants)
-        if not shapes:
-            return 1
-        width = packed.panel_width(invariants[self.packed_invariants[0]].itemsize)
-        # each thread gets a part of the panels of every product
-        panels = min(-(-n // width) for _, n in shapes)
-        work = rows * sum(k * n for k, n in shapes)  # multiply-adds a step
-        count = min(threads, rows, panels, work // tuning.SCAN_SHARE_MIN_WORK)
+        # each thread gets a part of the panels of every product in the steps
+        panels, work_per_row = self._function.step_products(invariants)
+        count = min(threads, rows, panels, rows * work_per_row // tuning.SCAN_SHARE_MIN_WORK)
         if count < max(2, tuning.SCAN_SHARE_MIN_THREADS) or not self._runs_packed(
                 rows, invariants, count):
             return 1

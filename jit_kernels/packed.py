@@ -50,11 +50,12 @@ def panel_width(itemsize):
 
 def _tile_kernel(rows, panels=1):
     """An intrinsic ``tile(a, a_start, lda, b, panel_start, panel_step, ldb, out,
-    out_start, ldo, depth)``: out's ``rows`` x ``panels`` panels tile at
-    ``out_start`` (rows ``ldo`` apart) = a's ``rows`` x ``depth`` block at
+    out_start, ldo, depth, accumulate)``: out's ``rows`` x ``panels`` panels tile
+    at ``out_start`` (rows ``ldo`` apart) = a's ``rows`` x ``depth`` block at
     ``a_start`` (rows ``lda`` apart) @ b's ``depth`` x panel blocks, the first
     at ``panel_start``, the next ``panel_step`` after it, and so on (rows
-    ``ldb`` apart); every start and distance counted in items."""
+    ``ldb`` apart), plus the tile's own values where ``accumulate`` is nonzero
+    (a chunk of k after the first); every start and distance counted in items."""
     # A tile of few rows has few sums, each a chain of dependent multiply-adds
     # whose latency would bound the loop: it keeps 2 or 4 sets of sums, each for
     # every 2nd or 4th k, so that 8 sums or more are under way (with one set a
@@ -63,16 +64,17 @@ def _tile_kernel(rows, panels=1):
 
     @intrinsic
     def tile(typingctx, a, a_start, lda, b, panel_start, panel_step, ldb, out, out_start, ldo,
-             depth):
+             depth, accumulate):
         # any mix of the two float types compiles; _check refuses one at run time
         if not all(isinstance(x, types.Array) and x.dtype in (types.float32, types.float64)
                    for x in (a, b, out)):
             return None
         index = types.intp
-        sig = types.void(a, index, index, b, index, index, index, out, index, index, index)
+        sig = types.void(a, index, index, b, index, index, index, out, index, index, index, index)
 
         def codegen(context, builder, signature, args):
-            a, a_start, lda, b, panel_start, panel_step, ldb, out, out_start, ldo, depth = args
+            (a, a_start, lda, b, panel_start, panel_step, ldb, out, out_start, ldo, depth,
+             accumulate) = args
 
             scalar = context.get_value_type(signature.args[0].dtype)
 
@@ -111,6 +113,15 @@ def _tile_kernel(rows, panels=1):
             vector_starts = [builder.add(builder.mul(constant(p), panel_step), constant(h * width))
                              for p in range(panels) for h in range(2)]
 
+            def out_vector(r, h):
+                return vector_at(out_at, builder.mul(constant(r), ldo), constant(h * width))
+
+            # a later chunk of k adds to what the chunks before it left in out
+            with builder.if_then(builder.icmp_signed("!=", accumulate, constant(0))):
+                for r in range(rows):
+                    for h in range(2 * panels):
+                        builder.store(builder.load(out_vector(r, h), align=itemsize), sums[0][r][h])
+
             def step(k, chain):
                 """sums[chain] += a's column k times the panels' row k"""
                 row_at = builder.mul(k, ldb)
@@ -139,8 +150,7 @@ def _tile_kernel(rows, panels=1):
                     total = builder.load(sums[0][r][h])
                     for chain in range(1, chains):
                         total = builder.fadd(total, builder.load(sums[chain][r][h]))
-                    target = vector_at(out_at, builder.mul(constant(r), ldo), constant(h * width))
-                    builder.store(total, target, align=itemsize)
+                    builder.store(total, out_vector(r, h), align=itemsize)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -155,9 +165,26 @@ ONE_ROW_PANELS = tuning.PACKED_ONE_ROW_PANELS
 _tile_one_row = _tile_kernel(1, ONE_ROW_PANELS)
 
 _JIT = {"error_model": "numpy", "nogil": True}
-# The rows of the left operand multiplied by every panel in turn (see
-# tuning.PACKED_BLOCK_ROWS)
-_BLOCK_ROWS = tuning.PACKED_BLOCK_ROWS
+# A product runs in chunks of k: each panel's rows of one chunk stay in the L1
+# cache while every tile of a block of rows multiplies by them, and the block's
+# rows of that chunk stay in L2 while every panel passes (BLIS's blocking, the
+# operands' roles swapped).  See tuning.PACKED_CHUNK_BYTES, PACKED_BLOCK_BYTES.
+_CHUNK_BYTES = tuning.PACKED_CHUNK_BYTES
+_BLOCK_BYTES = tuning.PACKED_BLOCK_BYTES
+
+
+@njit_cached()
+def chunk_depth(itemsize):
+    """How many of k's items a chunk of a product spans, for items of ``itemsize`` bytes."""
+    return max(1, _CHUNK_BYTES // (panel_width(itemsize) * itemsize))
+
+
+@njit_cached()
+def block_rows(k, itemsize):
+    """The rows of the left operand of a product over k multiplied by every panel
+    in turn, one chunk of k at a time: a whole number of tiles."""
+    depth = min(max(1, k), chunk_depth(itemsize))
+    return max(TILE_ROWS, _BLOCK_BYTES // (depth * itemsize) // TILE_ROWS * TILE_ROWS)
 
 
 @njit_cached(**_JIT)
@@ -211,19 +238,19 @@ def pack_into(b, transpose_b, panels):
 
 
 @njit_cached(**_JIT)
-def _tile(rows, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth):
+def _tile(rows, a, a_start, lda, b, panel_start, ldb, out, out_start, ldo, depth, accumulate):
     if rows == 6:
-        _tile6(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile6(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
     elif rows == 5:
-        _tile5(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile5(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
     elif rows == 4:
-        _tile4(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile4(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
     elif rows == 3:
-        _tile3(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile3(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
     elif rows == 2:
-        _tile2(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile2(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
     else:
-        _tile1(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth)
+        _tile1(a, a_start, lda, b, panel_start, 0, ldb, out, out_start, ldo, depth, accumulate)
 
 
 @njit_cached(**_JIT)
@@ -245,38 +272,51 @@ def _check(a, b_itemsize, out, k):
 def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
     """out = a @ B, where B's full panels lie in b, the j-th from item j *
     panel_step, its rows ldb apart, and the columns after the last full panel
-    in ``last_panel`` (k, width), padded with zeros."""
+    in ``last_panel`` (k, width), padded with zeros.
+
+    Each value of out sums its chunks of k in order, whatever the rows and
+    panels around it: a product split by rows or by panels gives the bits of
+    the whole."""
     m, k = a.shape
     n = out.shape[1]
     width = last_panel.shape[1]
     full = n // width
-    for block in range(0, m, _BLOCK_ROWS):
-        end = min(m, block + _BLOCK_ROWS)
-        first = 0
-        if end - block == 1:  # a single row: ONE_ROW_PANELS panels at a time
-            first = full // ONE_ROW_PANELS * ONE_ROW_PANELS
-            for j in range(0, first, ONE_ROW_PANELS):
-                _tile_one_row(a, block * lda, lda, b, j * panel_step, panel_step, ldb, out,
-                              block * ldo + j * width, ldo, k)
-        for j in range(first, full):
-            for i in range(block, end, TILE_ROWS):
-                _tile(min(TILE_ROWS, end - i), a, i * lda, lda, b, j * panel_step, ldb, out,
-                      i * ldo + j * width, ldo, k)
+    depth = chunk_depth(a.itemsize)
+    rows = block_rows(k, a.itemsize)
+    for block in range(0, m, rows):
+        end = min(m, block + rows)
+        for start in range(0, max(1, k), depth):  # k = 0 still writes out's zeros
+            size = min(depth, k - start)
+            later = 1 if start > 0 else 0
+            first = 0
+            if end - block == 1:  # a single row: ONE_ROW_PANELS panels at a time
+                first = full // ONE_ROW_PANELS * ONE_ROW_PANELS
+                for j in range(0, first, ONE_ROW_PANELS):
+                    _tile_one_row(a, block * lda + start, lda, b, j * panel_step + start * ldb,
+                                  panel_step, ldb, out, block * ldo + j * width, ldo, size, later)
+            for j in range(first, full):
+                for i in range(block, end, TILE_ROWS):
+                    _tile(min(TILE_ROWS, end - i), a, i * lda + start, lda, b,
+                          j * panel_step + start * ldb, ldb, out, i * ldo + j * width, ldo, size,
+                          later)
         if full * width < n:
-            _last_panel_product(a, block, end, last_panel, out, lda)
+            _last_panel_product(a, block, end, last_panel, out, lda, depth)
 
 
 @njit_cached(**_JIT)
-def _last_panel_product(a, first, end, last_panel, out, lda):
-    """Rows first:end of out's columns after its last full panel."""
+def _last_panel_product(a, first, end, last_panel, out, lda, depth):
+    """Rows first:end of out's columns after its last full panel, in chunks of
+    ``depth`` of k as :func:`_product` sums the full panels."""
     k, width = last_panel.shape
     start = out.shape[1] // width * width
     tile = np.empty((TILE_ROWS, width), out.dtype)  # whole panels' width, cut to n
     for i in range(first, end, TILE_ROWS):
         rows = min(TILE_ROWS, end - i)
-        # the starts as int64, not literal zeros, and tile typed as any layout, as
-        # _product passes out: either way _tile would compile once more
-        _tile(rows, a, i * lda, lda, last_panel, np.int64(0), width, tile[:, :], np.int64(0), width, k)
+        for chunk in range(0, max(1, k), depth):
+            # the starts as int64, not literal zeros, and tile typed as any layout, as
+            # _product passes out: either way _tile would compile once more
+            _tile(rows, a, i * lda + chunk, lda, last_panel, np.int64(chunk * width), width,
+                  tile[:, :], np.int64(0), width, min(depth, k - chunk), 1 if chunk > 0 else 0)
         for r in range(rows):
             for c in range(out.shape[1] - start):
                 out[i + r, start + c] = tile[r, c]
@@ -479,13 +519,13 @@ def weights_run_packed(rows, k, n, itemsize, threads, written):
     on ``threads`` threads) rather than through BLAS.
 
     - Up to ``tuning.PACKED_WEIGHTS_MAX_ROWS`` rows (one tile): packed.
-    - Beyond, only where every thread has a part and each part's panels stay in
-      a core's L2 cache (``tuning.PACKED_CACHE_BYTES``): the micro-kernel reads
-      them again for each block of rows, which BLAS's blocking avoids, and
-      BLAS's threads split the rows too.  Not where the function writes the
-      weights at every call (``written``: a training step), which would pack
-      them again at every call for a gain of a few percent; nor weights of
-      fewer than ``tuning.PACKED_WEIGHTS_MIN_ITEMS`` items.
+    - Beyond, where every thread has a part: BLAS's threads also split the
+      rows, so they win where the panels are fewer than the threads.  Its
+      chunks of k keep what the micro-kernel reads again in the L2 cache, as
+      BLAS's blocking does (``tuning.PACKED_CHUNK_BYTES``).  Not where the
+      function writes the weights at every call (``written``: a training
+      step), which would pack them again at every call; nor weights of fewer
+      than ``tuning.PACKED_WEIGHTS_MIN_ITEMS`` items.
 
     Depends on the shapes, the thread count and ``written`` alone: every call
     of one function with inputs of one shape gives the same bits."""
@@ -494,29 +534,22 @@ def weights_run_packed(rows, k, n, itemsize, threads, written):
     if written or k * n < tuning.PACKED_WEIGHTS_MIN_ITEMS:
         return False
     threads = max(1, threads)
-    width = panel_width(itemsize)
-    panels = -(-n // width)
-    count = machine.part_count(k * n, threads, tuning.PARTS_MIN_WORK, panels)
-    per_part = -(-panels // count)
-    return count >= threads and per_part * k * width * itemsize <= tuning.PACKED_CACHE_BYTES
+    panels = -(-n // panel_width(itemsize))
+    return machine.part_count(k * n, threads, tuning.PARTS_MIN_WORK, panels) >= threads
 
 
-def runs_packed(rows, weight_bytes, alone):
-    """Whether a product of ``rows`` rows by weights packed once (``weight_bytes``
-    of them, all that its thread reads) runs on the micro-kernel rather than
+def runs_packed(rows, itemsize, alone):
+    """Whether a product of ``rows`` rows by weights packed once, of items of
+    ``itemsize`` bytes (a scan's step), runs on the micro-kernel rather than
     through BLAS.  A rule from the machine, not from timings of one: per core the
     micro-kernel runs as fast as OpenBLAS's own (both near the FMA units' peak,
     on the AVX2 VM and the AVX-512 Xeon alike), so BLAS wins only by reading less
     or by using more threads.
 
-    - Up to ``tuning.PACKED_BLOCK_ROWS`` rows (one block) the micro-kernel reads
-      each weight once a call, as BLAS reads it at least, and BLAS packs them
-      again on every call: packed.
-    - Beyond, the micro-kernel reads the weights again for each block, which
-      BLAS's blocking over k avoids: packed only where they stay in the core's
-      L2 cache (``tuning.PACKED_CACHE_BYTES``) and ``alone``, BLAS would run the
-      product on no more threads than the micro-kernel does (its threads then
-      win beyond a block each)."""
-    if rows <= tuning.PACKED_BLOCK_ROWS:
-        return True
-    return alone and weight_bytes <= tuning.PACKED_CACHE_BYTES
+    - Up to one block of rows (:func:`block_rows` of a whole chunk of k, the
+      fewest a block has) the micro-kernel reads each weight once a call, as
+      BLAS reads it at least, and BLAS packs them again on every call: packed.
+    - Beyond, only where ``alone``: BLAS would run the product on no more
+      threads than the micro-kernel does (its threads then win beyond a block
+      each)."""
+    return alone or rows <= block_rows(chunk_depth(itemsize), itemsize)

@@ -509,24 +509,25 @@ _define("PACKED_ONE_ROW_PANELS", 4, "panels",
         "31.2 with one panel; 1 x 512 by 512 x 512 in 16.0 against 20.8",
         "a one-row product takes this many panels at a time: a one-row tile uses each vector of "
         "the panel once, so loads bound its loop (two a cycle on Zen)", compiled=True)
-_define("PACKED_BLOCK_ROWS", 48, "rows",
-        "chosen: 48 rows of k = 512 floats stay in a core's L2 cache (8 tiles of 6 rows)",
-        "the rows of the left operand multiplied by every panel in turn", compiled=True)
-
-_define("PACKED_CACHE_BYTES", machine.cache_bytes(2, 512 << 10), "bytes",
-        "derived: the size of a core's L2 cache (Linux's /sys; 512 KB where unknown, the L2 of "
-        "the 2-core AMD VM); measured on the 2-core Xeon VM (AVX-512, 1 MB of L2), one thread: "
-        "m x 128 by 128 x 512 (256 KB of weights) packed as fast as BLAS or faster up to "
-        "1024 rows; m x 4096 by 4096 x 512 (8 MB) at 256 rows 0.76x BLAS's speed, "
-        "m x 16384 by 16384 x 512 at 64 rows 0.70x; on the 2-core Zen 4 VM (1 MB of L2), "
-        "2 threads: 256 x 784 by 784 x 512 and 256 x 512 by 512 x 512 (each thread's "
-        "panels 0.8 and 0.5 MB) 10-16% faster packed than through OpenBLAS, the W3 MLP "
-        "at batch 256 1.82-1.94 -> 1.63-1.73 ms",
-        "a product of more rows than PACKED_BLOCK_ROWS (a scan's step) or than "
-        "PACKED_WEIGHTS_MAX_ROWS (by a layer's weights) runs on the micro-kernel only where "
-        "the weights it reads again for each block of rows stay in this much cache, and "
-        "BLAS would run it on no more threads (jit_kernels.packed.runs_packed, "
-        "weights_run_packed)")
+_define("PACKED_CHUNK_BYTES", 64 << 10, "bytes",
+        "derived: a chunk of a panel and a block of rows of it (PACKED_BLOCK_BYTES) take "
+        "three quarters of the smallest L2 cache of the x86-64 CPUs a cache's CPU target covers "
+        "(256 KB, Intel's client cores; AMD's have 512 KB or more, Intel's server cores 1 MB or "
+        "more).  Not read from /sys: it is compiled into kernels whose cache serves every "
+        "machine of the target (the README's container recipe).  Measured on one core of the "
+        "2-core Zen 4 VM (AVX-512, 1 MB of L2): 64 KB chunks (512 items of float32) ran "
+        "256 x 1024 by 1024 x 1024, 256 x 784 by 784 x 512 and 128 x 512 by 512 x 2048 as "
+        "fast as whole panels (108-113 GFLOP/s), 16 KB chunks 5-15% slower (out's tiles "
+        "read again at each chunk).  On the 2-core Xeon VM (1 MB of L2), before chunks, "
+        "256 x 4096 by 4096 x 512 ran at 0.76x BLAS's speed: 48 rows of k (768 KB) and a "
+        "panel (512 KB) overflowed its L2",
+        "a product by packed panels runs in chunks of k: a panel's rows of one chunk take "
+        "this many bytes (jit_kernels.packed.chunk_depth)", compiled=True)
+_define("PACKED_BLOCK_BYTES", 128 << 10, "bytes",
+        "derived with PACKED_CHUNK_BYTES (see there)",
+        "the rows of the left operand multiplied by every panel in turn, over one chunk of k, "
+        "hold this many bytes (jit_kernels.packed.block_rows: 64 rows of float32 with "
+        "AVX-512 where k spans a whole chunk, more where k is shorter)", compiled=True)
 
 # -- jit_kernels/parts.py (compiled parts on OpenBLAS's threads)
 # How much work a part must get.  Work is counted in elements touched (read or

@@ -161,8 +161,8 @@ class Loop:
         rather than through BLAS, for ``rows`` rows of one of ``parts`` parts; alone where
         the parts take all of BLAS's threads."""
         from jit_kernels import blas, packed
-        weight_bytes = sum(invariants[m].nbytes for m in self.packed_invariants)
-        return packed.runs_packed(rows, weight_bytes, parts >= max(1, blas.threads()))
+        itemsize = max(invariants[m].itemsize for m in self.packed_invariants)
+        return packed.runs_packed(rows, itemsize, parts >= max(1, blas.threads()))
 
     def _split(self, steps, seqs, states, invariants):
         """How the loop's rows go between BLAS's threads: (bounds, shared), the

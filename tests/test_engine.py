@@ -809,9 +809,13 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned
     than PACKED_WEIGHTS_MAX_ROWS go to BLAS; weights of fewer than
     PACKED_WEIGHTS_MIN_ITEMS items are read in place (neither BLAS nor parts)."""
     from jit_kernels import packed
-    # the plan, not its one-call form; and no L2 cache, which would take more rows
-    # than a tile on the panels (next test)
-    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9, PACKED_CACHE_BYTES=0)
+    # the plan, not its one-call form
+    tuned(PACKED_WEIGHTS_MIN_ITEMS=1, ONE_CALL_AFTER=10**9)
+    # beyond a tile of rows, as where a thread would get no panels (the next test
+    # takes the rule's other side)
+    rule = packed.weights_run_packed
+    monkeypatch.setattr(packed, "weights_run_packed",
+                        lambda rows, *rest: rows <= tuning.PACKED_WEIGHTS_MAX_ROWS and rule(rows, *rest))
     # (only Python functions are wrapped: a compiled one read by another would
     # not compile while wrapped)
     in_parts, product = [], packed.matmul_packed_in_parts
@@ -849,15 +853,13 @@ def test_products_by_weights_run_packed_from_their_first_call(monkeypatch, tuned
 
 
 @needs_blas
-def test_more_rows_than_a_tile_run_packed_where_the_panels_fit_unless_the_function_writes_them(
-        monkeypatch, plan_runs, tuned):
+def test_more_rows_than_a_tile_run_packed_where_every_thread_gets_panels_unless_written(
+        monkeypatch, plan_runs):
     """Beyond PACKED_WEIGHTS_MAX_ROWS rows, a product by weights runs on its panels in
-    parts where each thread's panels fit PACKED_CACHE_BYTES (here: any) and every
-    thread gets some, in the plan and in the whole call alike, with the same bits;
-    a function that writes the weights at every call (a training step) sends them
-    through BLAS."""
+    parts where every thread gets some, in the plan and in the whole call alike,
+    with the same bits; a function that writes the weights at every call (a
+    training step) sends them through BLAS."""
     from jit_kernels import packed
-    tuned(PACKED_CACHE_BYTES=1 << 40)
     in_parts, product = [], packed.matmul_packed_in_parts
     monkeypatch.setattr(packed, "matmul_packed_in_parts",
                         lambda *a: in_parts.append(a[0].shape) or product(*a))

@@ -1,7 +1,5 @@
 """jit_kernels.packed: products by a right operand packed or read in place, against
 the definition."""
-import pathlib
-
 import numpy as np
 import pytest
 
@@ -43,10 +41,10 @@ def test_pack_lays_the_columns_out_in_panels_padded_with_zeros(dtype, transpose_
 @pytest.mark.parametrize("transpose_b", [False, True])
 @pytest.mark.parametrize("m, k, n", [
     (1, 3, 1), (5, 7, 3), (6, 2, WIDTH32), (7, 9, WIDTH32 + 1), (13, 5, 2 * WIDTH32 - 1),
-    (packed.TILE_ROWS * 9 + 4, 3, 5),  # more rows than one block of them
+    (packed.TILE_ROWS * 9 + 4, 3, 5),  # several tiles of rows, a last one of 4
     # one row: ONE_ROW_PANELS panels at a time, then one by one, then a narrow one
     (1, 11, 5 * WIDTH32 + 3), (1, 6, 4 * WIDTH32),
-    (packed.TILE_ROWS * 8 + 1, 3, 4 * WIDTH32 + 1),  # a last block of one row
+    (packed.TILE_ROWS * 8 + 1, 3, 4 * WIDTH32 + 1),  # a last tile of one row
     (4, 0, 6), (0, 4, 6), (4, 5, 0)])  # empty operands
 def test_matmul_packed_matches_the_definition(dtype, transpose_b, m, k, n):
     rng = np.random.default_rng(m * 100 + k * 10 + n)
@@ -187,7 +185,7 @@ def test_packed_products_call_their_helpers_with_one_signature():
     for function, args in [(packed.matmul, (matrix, matrix, matrix)),
                            (packed.matmul_packed, (matrix, panels, matrix)),
                            (packed._last_panel_product, (matrix, types.int64, types.int64, matrix, matrix,
-                                                          types.int64))]:
+                                                          types.int64, types.int64))]:
         assert literal_calls(function, args) == [], function.py_func.__name__
     columns = types.float32[:, :]  # a part's columns of out (parts of matmul_packed_in_parts)
     products = {signature for function, args in [(packed.matmul, (matrix, matrix, matrix)),
@@ -199,59 +197,108 @@ def test_packed_products_call_their_helpers_with_one_signature():
     tiles = {str(signature) for callee, signature in compiled_calls(packed._product, product.args)
              if callee is packed._tile}
     tiles |= {str(signature) for callee, signature in compiled_calls(
-        packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64))
+        packed._last_panel_product, (matrix, types.int64, types.int64, matrix, columns, types.int64,
+                                     types.int64))
         if callee is packed._tile}
     assert len(tiles) == 1, tiles
 
 
-def test_weights_run_packed_up_to_a_tile_then_where_each_threads_panels_fit(tune):
+def test_weights_run_packed_up_to_a_tile_then_where_every_thread_gets_panels(tune):
     """A product by weights runs packed up to PACKED_WEIGHTS_MAX_ROWS rows; beyond,
-    where every thread gets panels and each thread's panels, here half of
-    784 x 512 float32 weights, fit PACKED_CACHE_BYTES; never where the function
-    writes the weights at every call, nor for weights under PACKED_WEIGHTS_MIN_ITEMS."""
+    where every thread gets panels; never where the function writes the weights
+    at every call, nor for weights under PACKED_WEIGHTS_MIN_ITEMS."""
     tile = tuning.PACKED_WEIGHTS_MAX_ROWS
-    half = 784 * 256 * 4  # bytes: 512 columns are whole panels of either width
-    tune(PACKED_CACHE_BYTES=half)
     assert packed.weights_run_packed(tile, 784, 512, 4, 2, True)
     assert packed.weights_run_packed(tile + 1, 784, 512, 4, 2, False)
     assert packed.weights_run_packed(256, 784, 512, 4, 2, False)
+    assert packed.weights_run_packed(256, 4096, 4096, 4, 1, False)  # 64 MB, on one thread
     assert not packed.weights_run_packed(256, 784, 512, 4, 2, True)  # a training step
-    assert not packed.weights_run_packed(256, 784, 512, 4, 1, False)  # all of them on one thread
     assert not packed.weights_run_packed(256, 784, 10, 4, 2, False)  # one panel: a thread idle
-    tune(PACKED_CACHE_BYTES=half - 1)
-    assert not packed.weights_run_packed(256, 784, 512, 4, 2, False)
-    assert packed.weights_run_packed(tile, 784, 512, 4, 2, False)
-    tune(PACKED_CACHE_BYTES=2 * half, PACKED_WEIGHTS_MIN_ITEMS=784 * 512 + 1)
+    # as many threads as panels, and one more
+    panels = 512 // packed.panel_width(4)
+    assert packed.weights_run_packed(256, 784, 512, 4, panels, False)
+    assert not packed.weights_run_packed(256, 784, 512, 4, panels + 1, False)
+    tune(PACKED_WEIGHTS_MIN_ITEMS=784 * 512 + 1)
     assert not packed.weights_run_packed(256, 784, 512, 4, 1, False)
+    assert packed.weights_run_packed(tile, 784, 512, 4, 1, False)
 
 
-def test_runs_packed_up_to_a_block_then_by_cache_and_threads(tune):
-    """packed.runs_packed: up to PACKED_BLOCK_ROWS rows always packed; beyond, only
-    where the weights fit PACKED_CACHE_BYTES and BLAS would have no more threads."""
-    from jit_kernels import tuning
-    block = tuning.PACKED_BLOCK_ROWS
-    tune(PACKED_CACHE_BYTES=1000)
-    for alone in (False, True):
-        for weight_bytes in (0, 1000, 1001, 10**12):
-            assert packed.runs_packed(1, weight_bytes, alone)
-            assert packed.runs_packed(block, weight_bytes, alone)
+def test_runs_packed_up_to_a_block_then_where_alone():
+    """packed.runs_packed: up to a block of rows (of a whole chunk of k) always
+    packed; beyond, only where BLAS would have no more threads."""
+    for itemsize in (4, 8):
+        block = packed.block_rows(packed.chunk_depth(itemsize), itemsize)
+        assert block >= packed.TILE_ROWS and block % packed.TILE_ROWS == 0
+        for alone in (False, True):
+            assert packed.runs_packed(1, itemsize, alone)
+            assert packed.runs_packed(block, itemsize, alone)
             for rows in (block + 1, 100 * block):
-                assert packed.runs_packed(rows, weight_bytes, alone) == (
-                    alone and weight_bytes <= 1000)
+                assert packed.runs_packed(rows, itemsize, alone) == alone
 
 
-def test_the_cache_of_the_rule_is_the_l2_where_linux_says():
-    """PACKED_CACHE_BYTES is the first CPU's L2 data or unified cache, as /sys gives it."""
-    from jit_kernels import tuning
-    sizes = []
-    for folder in sorted(pathlib.Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        read = lambda name, folder=folder: (folder / name).read_text().strip()
-        try:
-            if read("level") == "2" and read("type") in ("Data", "Unified"):
-                size = read("size")
-                sizes.append(int(size[:-1]) << {"K": 10, "M": 20}[size[-1]])
-        except OSError:
-            continue
-    if not sizes:
-        pytest.skip("Linux's /sys gives no L2 cache here")
-    assert {e.name: e for e in tuning.entries()}["PACKED_CACHE_BYTES"].default == sizes[0]
+def test_chunks_and_blocks_follow_the_cache_entries():
+    """A chunk of k spans PACKED_CHUNK_BYTES of a panel, a block of rows over it
+    PACKED_BLOCK_BYTES of the left operand (whole tiles), more rows where k is
+    shorter than a chunk."""
+    for itemsize in (4, 8):
+        width = packed.panel_width(itemsize)
+        depth = packed.chunk_depth(itemsize)
+        assert depth == tuning.PACKED_CHUNK_BYTES // (width * itemsize)
+        rows = tuning.PACKED_BLOCK_BYTES // (depth * itemsize) // packed.TILE_ROWS * packed.TILE_ROWS
+        assert packed.block_rows(10 * depth, itemsize) == packed.block_rows(depth, itemsize) == rows
+        assert packed.block_rows(depth // 2, itemsize) >= 2 * rows - packed.TILE_ROWS
+        assert packed.block_rows(1, itemsize) % packed.TILE_ROWS == 0
+
+
+CHUNK32 = packed.chunk_depth(4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("m, n", [(7, WIDTH32 + 5), (7, 5 * WIDTH32 + 3), (1, 5 * WIDTH32 + 3)])
+def test_products_over_several_chunks_of_k_match_numpy(dtype, transpose_b, m, n):
+    """k over two chunks and a part of a third, and rows over two blocks and a
+    last block of one row (ONE_ROW_PANELS panels at a time), or one row: on
+    packed panels, in parts and read in place, against NumPy in float64."""
+    itemsize = np.dtype(dtype).itemsize
+    depth = packed.chunk_depth(itemsize)
+    k = 2 * depth + 3
+    if m > 1:
+        m = 2 * packed.block_rows(k, itemsize) + 1
+    rng = np.random.default_rng(m + n)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    tol = 1e-4 if dtype == "float32" else 1e-11
+    panels = packed.pack(np.ascontiguousarray(b.T) if transpose_b else b, transpose_b)
+    for product, operand in [(packed.matmul_packed, panels), (packed.matmul_packed_in_parts, panels),
+                             (packed.matmul, b)]:
+        out = np.full((m, n), np.nan, dtype)
+        product(a, operand, out)
+        np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.sqrt(k))
+
+
+def test_a_value_sums_its_chunks_alike_whatever_rows_and_panels_surround_it():
+    """The bits of out[i, c] do not depend on which rows and panels a product
+    covers: a block's rows alone, a range of panels, or column c in the narrow
+    last panel rather than a full one (a scan's threads share a step's product
+    by its panels and must give one thread's bits)."""
+    width = WIDTH32
+    k = 2 * CHUNK32 + 7
+    rows = packed.block_rows(k, 4)
+    rng = np.random.default_rng(3)
+    # a last block of two rows: a tile of few rows keeps several sets of sums,
+    # folded at the end of each chunk, so that there the chunks show in the bits
+    a = rng.standard_normal((rows + 2, k)).astype("float32")
+    b = rng.standard_normal((k, 3 * width)).astype("float32")
+    whole = np.empty((a.shape[0], 3 * width), "float32")
+    panels = packed.pack(b, False)
+    packed.matmul_packed(a, panels, whole)
+    part = np.empty((2, width), "float32")
+    packed.matmul_packed(np.ascontiguousarray(a[rows:]), panels[1:2], part)
+    np.testing.assert_array_equal(part, whole[rows:, width:2 * width])
+    narrow = np.empty((a.shape[0], width + 3), "float32")  # columns width.. in a last panel
+    packed.matmul_packed(a, packed.pack(np.ascontiguousarray(b[:, :width + 3]), False), narrow)
+    np.testing.assert_array_equal(narrow, whole[:, :width + 3])
+    # and not by chance: summed in another order the bits differ
+    assert not np.array_equal(whole, (a.astype(np.float64) @ b).astype("float32"))

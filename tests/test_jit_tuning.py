@@ -16,14 +16,15 @@ def test_every_jit_kernels_entry_is_described():
     assert {e.name for e in entries if e.decides} >= {"CONV_PATH", "PARTS_LATE_START_NS", "PARTS_LATE_RUNS",
                                                        "PARTS_CONTENDED_SERIAL_NS"}
     assert {e.name for e in entries if e.compiled} == {"PACKED_VECTOR_BYTES", "PACKED_ONE_ROW_PANELS",
-                                                       "PACKED_BLOCK_ROWS", "PARTS_MIN_WORK",
+                                                       "PACKED_CHUNK_BYTES", "PACKED_BLOCK_BYTES",
+                                                       "PARTS_MIN_WORK",
                                                        "PARTS_LATE_START_NS", "PARTS_LATE_RUNS",
                                                        "PARTS_CONTENDED_SERIAL_NS"}
 
 
 def test_entries_compiled_into_kernels_refuse_an_override():
-    with pytest.raises(ValueError, match="NUMBACKEND_TUNE_PACKED_BLOCK_ROWS"), \
-            tuning.override(PACKED_BLOCK_ROWS=8):
+    with pytest.raises(ValueError, match="NUMBACKEND_TUNE_PACKED_BLOCK_BYTES"), \
+            tuning.override(PACKED_BLOCK_BYTES=8):
         pass
 
 

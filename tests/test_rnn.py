@@ -821,23 +821,20 @@ def test_a_loop_runs_its_products_packed_by_the_rows(packed_ways, tuned, request
 
 
 @pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize("cache_bytes", [0, 1 << 30])
-def test_a_loop_runs_more_rows_than_a_block_packed_by_cache_and_threads(packed_ways, tuned, request,
-                                                                        split, cache_bytes):
-    # up to PACKED_BLOCK_ROWS rows a part, a loop's products by invariants run
-    # packed; beyond, only where the weights fit PACKED_CACHE_BYTES and the parts
-    # take all of BLAS's threads (jit_kernels.packed.runs_packed), else through BLAS
+def test_a_loop_runs_more_rows_than_a_block_packed_where_alone(packed_ways, request, split):
+    # up to a block of rows a part (jit_kernels.packed.block_rows), a loop's
+    # products by invariants run packed; beyond, only where the parts take all
+    # of BLAS's threads (jit_kernels.packed.runs_packed), else through BLAS
     if not blas.AVAILABLE:
         pytest.skip("NumPy's BLAS is not OpenBLAS ILP64: every step runs from Python")
-    from jit_kernels import tuning
+    from jit_kernels import packed as packed_products
     runs = request.getfixturevalue("split_runs") if split else []
-    tuned(PACKED_CACHE_BYTES=cache_bytes)
     _, x, h0, _, outputs, _ = build_rnn()
     fn = K.function([x, h0], [outputs])
     parts = blas.threads() if split else 1
     alone = parts >= max(1, blas.threads())
-    for per_part, packed in [(tuning.PACKED_BLOCK_ROWS, True),
-                             (tuning.PACKED_BLOCK_ROWS + 1, alone and cache_bytes > 0)]:
+    block = packed_products.block_rows(packed_products.chunk_depth(8), 8)
+    for per_part, packed in [(block, True), (block + 1, alone)]:
         packed_ways.clear()
         xv, hv = RNG.standard_normal((per_part * parts, T, I)), RNG.standard_normal((per_part * parts, U))
         np.testing.assert_allclose(fn([xv, hv])[0], numpy_rnn(xv, *weights(), hv)[1],

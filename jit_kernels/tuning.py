@@ -300,8 +300,8 @@ _define("PACKED_WEIGHTS_MAX_ROWS", 6, "rows of the left operand",
         "least any product reads, where BLAS also copies them into its own panels on every "
         "call.  With more, through BLAS, whose threads always have work (the packed "
         "product's parts take whole panels, fewer than the threads where the weights are "
-        "narrow), unless every thread gets panels that stay in its L2 cache "
-        "(PACKED_CACHE_BYTES; jit_kernels.packed.weights_run_packed).  Read per call by the "
+        "narrow), unless every thread gets panels (jit_kernels.packed.weights_run_packed).  "
+        "Read per call by the "
         "plan and when a whole call is generated.")
 _define("PACKED_WEIGHTS_MIN_ITEMS", 1 << 16, "items of the weights (rows x columns)",
         "measured on one 2-core AMD EPYC VM only, mnist_cnn and the W3 MLP at batch 1: "
@@ -374,8 +374,9 @@ _define("SCAN_PACKED_MIN_ROWS", 2, "rows of a step's product",
         "one row BLAS's gemv was as fast",
         "A step's products by loop invariants (an RNN's recurrent weights) run on the "
         "weights packed once per loop from this many rows up, through BLAS below; above "
-        "PACKED_BLOCK_ROWS rows, jit_kernels.packed.runs_packed decides (by the rows, the "
-        "weights' bytes and the threads: every call of the same shapes gives the same bits).")
+        "one block of rows (jit_kernels.packed.block_rows), jit_kernels.packed.runs_packed "
+        "decides (by the rows and the threads: every call of the same shapes gives the same "
+        "bits).")
 _define("SCAN_IN_LOOP_MIN_ROWS", 16, "rows per thread",
         "measured on one 2-core AMD EPYC VM only, W5 LSTM: one product over all steps was "
         "14-17% faster over 1 to 8 rows on one thread and 20% over 16 rows split in two; "

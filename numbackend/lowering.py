@@ -273,8 +273,8 @@ class Dot(Lowering):
     most PACKED_WEIGHTS_MAX_ROWS rows of x: on jit_kernels.packed's
     micro-kernel, which reads the weights from memory once; large weights
     packed once per value and split between BLAS's threads.  With more rows,
-    there too where each thread's panels stay in its L2 cache
-    (packed.weights_run_packed).  Else through BLAS.  The choice depends on
+    there too where every thread gets panels and the function does not write
+    the weights (packed.weights_run_packed).  Else through BLAS.  The choice depends on
     the shapes and the thread count alone, in the plan and in the whole call
     alike: the two sum in other orders, and every call must give the same bits
     for the same input."""

@@ -165,9 +165,9 @@ ONE_ROW_PANELS = tuning.PACKED_ONE_ROW_PANELS
 _tile_one_row = _tile_kernel(1, ONE_ROW_PANELS)
 
 _JIT = {"error_model": "numpy", "nogil": True}
-# A product runs in chunks of k: each panel's rows of one chunk stay in the L1
-# cache while every tile of a block of rows multiplies by them, and the block's
-# rows of that chunk stay in L2 while every panel passes (BLIS's blocking, the
+# A product runs in chunks of k: a panel's rows of one chunk and a block of
+# rows of the left operand over it stay in the L2 cache while every tile of the
+# block passes over every panel, however long k is (BLIS's blocking, the
 # operands' roles swapped).  See tuning.PACKED_CHUNK_BYTES, PACKED_BLOCK_BYTES.
 _CHUNK_BYTES = tuning.PACKED_CHUNK_BYTES
 _BLOCK_BYTES = tuning.PACKED_BLOCK_BYTES

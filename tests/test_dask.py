@@ -64,6 +64,14 @@ def functions_held():
     return sum(isinstance(o, Function) for o in gc.get_objects())
 
 
+def blocks_computed(name, dask_worker=None):
+    """The blocks of the layer ``name`` that this worker computed (run on each
+    worker): a worker may also hold blocks that others computed, copied to it."""
+    return sorted({entry[0] for entry in dask_worker.state.log
+                   if isinstance(entry[0], tuple) and entry[0][0] == name
+                   and tuple(entry[1:3]) == ("executing", "memory")})
+
+
 def test_blocks_on_two_workers_equal_one_process(client):
     f, formula = small_cnn()
     images = np.random.default_rng(1).standard_normal((60, 8, 8, 1)).astype("float32")
@@ -77,11 +85,13 @@ def test_blocks_on_two_workers_equal_one_process(client):
     np.testing.assert_array_equal(got, one_process)
     np.testing.assert_allclose(got, formula(images.astype("float64")), rtol=1e-5, atol=1e-6)
     # the workers that computed blocks (a busy machine may leave one idle, and an
-    # idle one may not have unpickled its copy yet) hold one copy of the function,
-    # not one a block, and loaded its kernels from the cache this process filled,
-    # compiling none
-    computing = sorted({worker for workers in client.who_has(held).values() for worker in workers})
-    assert computing
+    # idle one may not have unpickled its copy yet, though it may hold blocks
+    # copied to it) hold one copy of the function, not one a block, and loaded
+    # its kernels from the cache this process filled, compiling none
+    computed = client.run(blocks_computed, predictions.name)
+    assert sorted(key for keys in computed.values() for key in keys) == \
+        [(predictions.name, i, 0) for i in range(5)], computed  # each block once
+    computing = [worker for worker, keys in computed.items() if keys]
     held_functions = client.run(functions_held)
     assert all(held_functions[worker] == 1 for worker in computing), held_functions
     assert all(count <= 1 for count in held_functions.values()), held_functions

@@ -1,24 +1,21 @@
 """asv_bench/cold_start.py's new processes start with the user's environment,
 not with the tuning that asv_bench's benchmarks set when the harness imports
 them; ``import numbackend`` loads only what serving a model needs (nothing timed)."""
-import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
-_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "cold_start.py")
+from tests import asv_scripts
 
 
 def test_the_children_run_without_the_harness_tuning(monkeypatch):
     monkeypatch.delenv("NUMBACKEND_TUNE_TIER_COMPILE", raising=False)
     monkeypatch.delenv("NUMBACKEND_TUNE_NATIVE_TIER", raising=False)
-    spec = importlib.util.spec_from_file_location("cold_start_under_test", _PATH)
-    cold_start = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cold_start)
+    cold_start = asv_scripts.load("cold_start", "cold_start_under_test")
     # what onnx_files does to this process: asv_bench's benchmarks set the
     # harness's tuning in os.environ when imported
-    monkeypatch.syspath_prepend(os.path.dirname(_PATH))
+    monkeypatch.syspath_prepend(asv_scripts.FOLDER)
     for name in [m for m in sys.modules if m == "benchmarks" or m.startswith("benchmarks.")]:
         monkeypatch.delitem(sys.modules, name)
     import benchmarks  # noqa: F401

@@ -1,19 +1,14 @@
 """asv_bench/compare_peers.py's command line: the thread counts it takes, the
 environment and CPUs it runs them with, and its scaling table (nothing timed)."""
-import importlib.util
-import os
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "compare_peers.py")
+from tests import asv_scripts
 
 
 @pytest.fixture(scope="module")
 def peers():
-    spec = importlib.util.spec_from_file_location("compare_peers", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return asv_scripts.load("compare_peers")
 
 
 def test_the_options_of_a_default_run_stay(peers):

@@ -1,20 +1,16 @@
 """asv_bench/packed_sweep.py: its command line, and one run of a chunk size in a
 process of its own (each product there checked against NumPy's)."""
 import argparse
-import importlib.util
 import os
 
 import pytest
 
-_PATH = os.path.join(os.path.dirname(__file__), os.pardir, "asv_bench", "packed_sweep.py")
+from tests import asv_scripts
 
 
 @pytest.fixture(scope="module")
 def sweep():
-    spec = importlib.util.spec_from_file_location("packed_sweep", _PATH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return asv_scripts.load("packed_sweep")
 
 
 def test_lists_of_whole_numbers_are_read_and_others_refused(sweep):

@@ -343,6 +343,14 @@ def matmul_packed(a, packed, out):
 _matmul_packed_by_address = by_address(matmul_packed)
 
 
+@njit_cached(inline='always')
+def matmul_packed_panels(a, packed, out, first, end):
+    """:func:`matmul_packed` of panels first..end-1 of ``packed`` alone, into
+    out's columns of them (a part of a product split by its panels)."""
+    width = packed.shape[2]
+    matmul_packed(a, packed[first:end], out[:, first * width:min(out.shape[1], end * width)])
+
+
 @njit_cached(**_JIT)
 def step_product(a, b, panels, transpose_b, on_panels):
     """A new array ``a @ op(b)`` (op transposing where ``transpose_b``), ``a``
@@ -468,7 +476,7 @@ def _product_part_of(d, dtype):
     a = parts.array_at(d[0], (m, k), dtype)
     packed = parts.array_at(d[3], (panels, k, width), dtype)
     out = parts.array_at(d[5], (m, n), dtype)
-    matmul_packed(a, packed[first:end], out[:, first * width:min(n, end * width)])
+    matmul_packed_panels(a, packed, out, first, end)
 
 
 def _product_part_float32(d):

@@ -217,9 +217,8 @@ def _product(d, dtype):
         first, end = d[PRODUCT_PANEL_RANGE], d[PRODUCT_PANEL_RANGE + 1]
         if end < 0:
             packed.matmul_packed(a, panels, out)
-        else:  # out's columns of panels first..end-1, its rows as far apart as ever
-            packed.matmul_packed(a, panels[first:end],
-                                 out[:, first * width:min(out.shape[1], end * width)])
+        else:
+            packed.matmul_packed_panels(a, panels, out, first, end)
     else:
         blas.matmul(a, b, out, transpose_a, transpose_b)
 

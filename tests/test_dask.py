@@ -14,6 +14,7 @@ from numbackend import codegen
 from numbackend.batch_inference import predict_blocks
 from numbackend.runtime import Function
 
+dask = pytest.importorskip("dask")
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
 
@@ -23,10 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @pytest.fixture
 def client():
     """Two worker processes of one thread each, reading this process's kernel cache
-    (closed when the test ends: the tests after it have no current client)."""
+    (closed when the test ends: the tests after it have no current client).
+    Without the scheduler's active memory manager, which every 2 s drops the
+    copies of scattered data that no task waits for: a worker's copy of the
+    function would be gone by the time the test counts it."""
     env = {"NUMBACKEND_CACHE_DIR": os.environ["NUMBACKEND_CACHE_DIR"], "PYTHONPATH": ROOT,
            "NUMBACKEND_NUM_THREADS": "1"}
-    with (distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    with (dask.config.set({"distributed.scheduler.active-memory-manager.start": False}),
+          distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                    dashboard_address=None, env=env) as cluster,
           distributed.Client(cluster) as client):
         yield client

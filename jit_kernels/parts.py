@@ -332,22 +332,34 @@ def run_parts(count, part):
     return results
 
 
-def run_row_parts(rows, run):
-    """``run(lo, hi)`` for parts of the rows [0, rows) that together cover them,
-    one per thread of OpenBLAS's pool, at once (:func:`run_parts`); on the
-    calling thread alone where the pool has one thread (as inside a part) or
-    there is one row.  False, running nothing, where the pool cannot be used
-    (NumPy's BLAS is not OpenBLAS)."""
+def row_part_count(work, rows):
+    """How many parts of ``rows`` rows (each at least one) a fused kernel's
+    ``work`` splits into on OpenBLAS's threads (:func:`run_rows`), each with
+    ``tuning.PARTS_MIN_WORK`` at least; 0 where the pool cannot be used."""
     threads = blas.threads()
-    if threads == 0:
-        return False
-    count = min(threads, rows)
-    if count < 2:
-        run(0, rows)
-        return True
-    bounds = [rows * i // count for i in range(count + 1)]
-    run_parts(count, lambda i: run(bounds[i], bounds[i + 1]))
-    return True
+    return threads and machine.part_count(work, threads, tuning.PARTS_MIN_WORK, rows)
+
+
+def addresses(arrays):
+    """The data addresses of ``arrays``, or None where one is not C-contiguous."""
+    found = []
+    for a in arrays:
+        if not a.flags.c_contiguous:
+            return None
+        found.append(address(a))
+    return found
+
+
+def run_rows(part, count, rows, numbers):
+    """``part`` (a :func:`compiled_part`) on ``count`` parts of the rows [0, rows)
+    at once (:func:`run`), each reading the descriptor [first row, end row,
+    *numbers]."""
+    descriptors = np.empty((count, 2 + len(numbers)), np.int64)
+    edges = [rows * i // count for i in range(count + 1)]
+    descriptors[:, 0] = edges[:-1]
+    descriptors[:, 1] = edges[1:]
+    descriptors[:, 2:] = numbers
+    run(part, descriptors)
 
 
 def pool_from_compiled():

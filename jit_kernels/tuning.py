@@ -170,14 +170,20 @@ def override(**values):
 # the source's hash keys the kernel, so a kernel generated under another value
 # is another kernel.
 
-_define("FUSED_PARALLEL_MIN_WORK", 500_000,
+_define("FUSED_PARALLEL_MIN_WORK", 1 << 18,
         "work: elements x work per element (1 + FUSED_VMATH_CALL_WORK per vmath call)",
-        "measured on one 2-core AMD EPYC VM only: a cheap kernel (add -> maximum) alone "
-        "broke even at about 250k elements, a tanh kernel at 60k; the W7 training step "
-        "ran fastest with its 400k-element weight updates serial",
-        "A fused kernel runs its parallel loop from this much work up, its serial loop "
-        "below: waking Numba's sleeping threads costs tens of microseconds, and more "
-        "between BLAS calls, whose threads still spin and hold the cores.")
+        "derived, then measured on the 2-core AMD EPYC VM (Zen 4): a large call's hand-off "
+        "(its parts' descriptors built in Python, then the pool's threads started) costs about "
+        "8 us, the time of 60-100K cheap elements held in L2; two parts gain half the work, so "
+        "they break even at about twice that: a cheap kernel (add -> maximum, x - 0.01 * y) "
+        "between 131K elements (2 us slower in parts) and 262K (2 us faster), a tanh kernel "
+        "(work 4 an element) at 65K elements (18.5 us serial, 18.8 in parts; 35 -> 27 us at "
+        "131K)",
+        "A fused kernel's call with this much work runs its serial loop in row parts on "
+        "OpenBLAS's threads (jit_kernels.parts.run_rows, PARTS_MIN_WORK a part at least), "
+        "less on the calling thread alone.  Where NumPy has no OpenBLAS pool, the same work "
+        "runs Numba's parallel loop, whose threads cost tens of microseconds to wake (more "
+        "between BLAS calls, whose threads still spin and hold the cores).")
 _define("FUSED_VMATH_CALL_WORK", 3,
         "work per element of a vmath call (exp, tanh, ...), in cheap operations",
         "measured on one 2-core AMD EPYC VM only: a tanh kernel broke even with its "
@@ -189,8 +195,8 @@ _define("FUSED_ROW_BLOCKS", 64, "blocks of rows",
         "EPYC VM, row softmax 4096x1000: allocating the row buffers once per row instead "
         "cost about 15%",
         "A fused kernel with per-row buffers (a reduction's row, a softmax) runs its rows "
-        "in at most this many blocks, each allocating its buffers once; the blocks are "
-        "what its parallel loop shares between threads.")
+        "in at most this many blocks, each allocating its buffers once (each row part its "
+        "own); the blocks are what Numba's parallel loop shares between threads.")
 _define("FUSED_VECTOR_BITS", 512, "bits per vector (LLVM's prefer-vector-width)",
         "measured on the 2-core Xeon VM (Cascade Lake, AVX-512), 512 against None in one "
         "process, in turns, on one and on two threads: W1 8-11% faster, W2a 3-9%; W4, W5 and "
@@ -258,9 +264,9 @@ _define("PARALLEL_LOOP_AFTER", 2, "large calls of a fused kernel (see FUSED_PARA
         "parallel loop compiling on the worker would hold up (Numba compiles one function at "
         "a time); a softmax over 4096 x 1000 on the 2-core Xeon VM, empty caches: first call "
         "2.2 s with its parallel loop, 0.9-1.1 s without",
-        "A fused kernel's large calls run its serial loop on row parts of OpenBLAS's threads "
-        "until its parallel loop has compiled, which starts (in the background, see "
-        "TIER_COMPILE) at this large call.",
+        "Where NumPy has no OpenBLAS pool to run a fused kernel's row parts on, its large "
+        "calls run its serial loop until its parallel loop (Numba's threads) has compiled, "
+        "which starts (in the background, see TIER_COMPILE) at this large call.",
         decides="from which large call a fused kernel's parallel loop compiles (1: its "
                 "first; 10**9: never, where tiers compile in the background)")
 _define("TIER_COMPILE", "background", "where a later tier compiles",

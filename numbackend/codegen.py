@@ -40,6 +40,8 @@ import types
 import warnings
 import weakref
 
+import numpy as np
+
 from . import tiers, tuning
 from .ops import OPS
 from .partition import KernelSpec  # noqa: F401  (the spec it generates from)
@@ -155,7 +157,9 @@ def generate_source(spec, into=False, step_block=False):
 
     ``run(x0, x1, ...)`` takes the group's inputs as they are, checks their shapes
     (ValueError when they broadcast unlike the compiled pattern), allocates the
-    outputs with NumPy and calls ``kernel_par`` or ``kernel_ser`` by the work, on
+    outputs with NumPy and runs ``kernel_ser`` by the work: on the calling thread,
+    or in row parts on OpenBLAS's threads (``row_part``, :func:`_row_part`;
+    ``kernel_par``, Numba's parallel loop, where NumPy has no OpenBLAS pool), on
     1-D/2-D views of exactly the sizes the loops index.  The Numba entry points
     only loop: no allocation, reshaping or raising, which makes them much quicker
     to compile (those lower through Numba's array-construction code).  ``run_serial``
@@ -175,10 +179,8 @@ def generate_source(spec, into=False, step_block=False):
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached, parallel_ok")
     emit("from numbackend.codegen import ParallelLoop")
-    if into or step_block:
-        emit("from jit_kernels import parts")
-    if step_block:
-        emit("from jit_kernels.compiling import by_address")
+    emit("from jit_kernels import parts")
+    emit("from jit_kernels.compiling import by_address")
     if "vm." in text:
         emit("from jit_kernels import vmath as vm")
     if "rd." in text:
@@ -221,6 +223,7 @@ def generate_source(spec, into=False, step_block=False):
         lines.extend(_epilogue_part(spec, params))
     if step_block:
         lines.extend(_step_block(spec, buffers))
+    lines.extend(_row_part(spec, buffers))
     # contract: a*b+c may become one fused multiply-add (vmath is exact under it);
     # no other fast-math flag, which would break vmath's rounding and special cases.
     flags = "error_model='numpy', fastmath={'contract'}"
@@ -237,19 +240,21 @@ def generate_source(spec, into=False, step_block=False):
     emit("")
     emit("")
     emit("PARALLEL = ParallelLoop(kernel_par)")
-    if step_block:
-        # the block calls the serial loop through its address: compiled into it,
-        # the loop was optimised again with the block's code, doubling its compile
-        emit("SERIAL_LOOP = by_address(kernel_ser)")
+    # the row part and the step block call the serial loop through its address:
+    # compiled into them, the loop was optimised again with their code, doubling
+    # its compile
+    emit("SERIAL_LOOP = by_address(kernel_ser)")
+    emit("ROW_PART = parts.compiled_part(row_part)")
     return "\n".join(lines) + "\n"
 
 
 class ParallelLoop:
-    """A fused kernel's parallel loop as a later tier (tiers.py): Numba compiles
-    a ``prange`` loop for seconds, its serial loop in a fraction of that.  Large
-    calls run the serial loop on row parts of OpenBLAS's threads
-    (jit_kernels.parts.run_row_parts: the same values, bit for bit) until the
-    parallel loop is compiled: from the PARALLEL_LOOP_AFTER-th large call
+    """A fused kernel's parallel loop (Numba's threads) as a later tier
+    (tiers.py), for a process whose NumPy has no OpenBLAS pool to run the
+    serial loop's row parts on (``row_part``): Numba compiles a ``prange`` loop
+    for seconds, its serial loop in a fraction of that.  Large calls run the
+    serial loop until the parallel loop is compiled: from the
+    PARALLEL_LOOP_AFTER-th large call
     (tuning; the second), in the background
     (the first call of a plan compiles its other kernels, which a compile on
     the worker would hold up: Numba compiles one function at a time); at once
@@ -367,6 +372,43 @@ def _step_block(spec, buffers):
     return lines
 
 
+def _row_part(spec, buffers):
+    """``row_part(d)``: the serial loop over rows d[0]..d[1]-1 of the domain (flat:
+    of its R * C values), a jit_kernels.parts compiled part.  The descriptor
+    ``d``: the rows, then R and C, the data address of each input (a scalar's
+    0-d array) and output, as ``run`` passes them to the loop, then the width
+    of each window input.  Each part allocates its own row buffers."""
+    lines = ["", "", "def row_part(d):",
+             "    lo, hi, R, C = d[0], d[1], d[2], d[3]",
+             "    n = hi - lo"]
+    params = ["n", "C"]
+    names = [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
+    slots = list(spec.inputs) + [("F" if kind == "full" else "R", None, spec.nodes[j][4])
+                                 for j, kind, _ in spec.outputs]
+    names += [f"o{o}" for o in range(len(spec.outputs))]
+    width_slot = 4 + len(slots)
+    for slot, (name, (pattern, _, dtype)) in enumerate(zip(names, slots), start=4):
+        item, size = scalar_type(dtype), np.dtype(dtype).itemsize
+        if pattern == "S":
+            lines.append(f"    {name} = parts.array_at(d[{slot}], 1, {item})[0]")
+        elif pattern == "C":
+            lines.append(f"    {name} = parts.array_at(d[{slot}], C, {item})")
+        elif pattern == "W":
+            lines.append(f"    {name} = parts.array_at(d[{slot}] + lo * d[{width_slot}] * {size}, "
+                         f"(n, d[{width_slot}]), {item})")
+            width_slot += 1
+        elif pattern == "R" or spec.flat:
+            lines.append(f"    {name} = parts.array_at(d[{slot}] + lo * {size}, n, {item})")
+        else:
+            lines.append(f"    {name} = parts.array_at(d[{slot}] + lo * C * {size}, (n, C), {item})")
+        params.append(name)
+    for j, ct in buffers:
+        lines.append(f"    s{j} = np.empty((min(n, {tuning.FUSED_ROW_BLOCKS}), C), dtype={scalar_type(ct)})")
+        params.append(f"s{j}")
+    lines.append(f"    SERIAL_LOOP({', '.join(params)})")
+    return lines
+
+
 def _kernel_args(spec, buffers):
     names = ["R", "C"] + [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
     names += [f"o{o}" for o in range(len(spec.outputs))]
@@ -427,28 +469,37 @@ def _wrapper_body(spec, buffers, serial=False, into=False, serial_loop="kernel_s
         emit(f"{serial_loop}({', '.join(['np.int64(R)', 'np.int64(C)'] + args[2:])})")
     else:
         work = f"R * C * {work_per_element(spec)}"
+        done = "return (" + "".join(o + ", " for o in outs) + ")"
         emit(f"if not ({work} >= {tuning.FUSED_PARALLEL_MIN_WORK} and parallel_ok()):")
         emit(f"    kernel_ser({', '.join(args)})")
-        emit("    return (" + "".join(o + ", " for o in outs) + ")")
+        emit("    " + done)
         n_in = len(spec.inputs)
-        for k in range(2, len(args)):  # each argument once, for the parts to slice
+        for k in range(2, len(args)):  # each argument once, named
             if not args[k].isidentifier():
                 emit(f"a{k} = {args[k]}")
                 args[k] = f"a{k}"
-        emit(f"if not (PARALLEL.compiled or PARALLEL.ready({', '.join(args)})):")
-        # the serial loop on row parts (flat: parts of R * C) on OpenBLAS's
-        # threads, while the parallel loop compiles in the background
-        row_wise = ([p != "S" and (spec.flat or p in "FWR") for p, _, _ in spec.inputs]
-                    + [True] * len(spec.outputs))
-        part = ["hi - lo", "1" if spec.flat else "C"]
-        part += [f"{a}[lo:hi]" if rows else a
-                 for a, rows in zip(args[2:2 + n_in + len(spec.outputs)], row_wise)]
-        part += [f"np.empty((min(hi - lo, {tuning.FUSED_ROW_BLOCKS}), C), dtype={scalar_type(ct)})"
-                 for _, ct in buffers]
-        emit("    from jit_kernels import parts")
-        emit(f"    if parts.run_row_parts({'R * C' if spec.flat else 'R'}, "
-             f"lambda lo, hi: kernel_ser({', '.join(part)})):")
-        emit("        return (" + "".join(o + ", " for o in outs) + ")")
+        # row parts (flat: parts of R * C) of the serial loop, compiled parts on
+        # OpenBLAS's threads (ROW_PART); a scalar goes as a 0-d array of its type
+        rows = "R * C" if spec.flat else "R"
+        emit(f"count = parts.row_part_count({work}, {rows})")
+        emit("if count > 1:")
+        arrays = []
+        for a, (pattern, _, dtype) in zip(args[2:2 + n_in], spec.inputs):
+            if pattern == "S":  # named: the array must live until the parts are done
+                emit(f"    k{a} = np.array({a}, dtype={scalar_type(dtype)})")
+                a = f"k{a}"
+            arrays.append(a)
+        arrays += args[2 + n_in:2 + n_in + len(spec.outputs)]
+        widths = [f"{args[2 + i]}.shape[1]" for i, (p, _, _) in enumerate(spec.inputs) if p == "W"]
+        emit(f"    numbers = parts.addresses(({''.join(a + ', ' for a in arrays)}))")
+        emit("    if numbers is not None:")
+        emit(f"        parts.run_rows(ROW_PART, count, {rows}, [R, C, *numbers{''.join(', ' + w for w in widths)}])")
+        emit("        " + done)
+        # one part, or an input that is not C-contiguous; without OpenBLAS's
+        # pool (count 0), Numba's parallel loop once compiled (a tier)
+        emit(f"if count or not (PARALLEL.compiled or PARALLEL.ready({', '.join(args)})):")
+        emit(f"    kernel_ser({', '.join(args)})")
+        emit("    " + done)
         emit(f"kernel_par({', '.join(args)})")
     if returns:
         emit("return (" + "".join(o + ", " for o in outs) + ")")

@@ -37,13 +37,16 @@ PREDICT = textwrap.dedent("""
     import numbackend as K
     from jit_kernels import compiling
     x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
-    a = K.placeholder((None, 4))
-    f = K.function([a], [K.softmax(K.tanh(a) * 2.0)])
-    if len(sys.argv) > 1:  # save under this cache root (a seed)
+
+    def softmax_of_tanh():
+        a = K.placeholder((None, 4))
+        return K.function([a], [K.softmax(K.tanh(a) * 2.0)])([x])[0]
+
+    if len(sys.argv) > 1:  # save under this cache root (a seed), the kernels' modules loaded too
         with compiling.saving_to(sys.argv[1]):
-            y = f([x])[0]
+            y = softmax_of_tanh()
     else:
-        y = f([x])[0]
+        y = softmax_of_tanh()
     e = np.exp(np.tanh(x.astype(np.float64)) * 2)
     print(np.allclose(y, e / e.sum(1, keepdims=True), rtol=1e-5), len(compiles))
 """)

@@ -138,6 +138,9 @@ def test_fused_loops_take_the_vector_width_of_the_setting(bits, tuned, tmp_path,
     # compiled in this test: code loaded from a cache cannot be inspected
     monkeypatch.setenv("NUMBACKEND_CACHE_DIR", str(tmp_path))
     tuned(FUSED_VECTOR_BITS=bits)
+    from jit_kernels import parts
+    # large calls run Numba's parallel loop, as where NumPy has no OpenBLAS pool
+    monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 0)
     wide_wanted = bits == 512 or llvm_fills_512_bits_by_default()
     a, b, c = (K.placeholder((None, 256)) for _ in range(3))
     chain = K.function([a, b, c], [numbackend.tanh(a * b + c) + 0.375 * b * a])
@@ -215,81 +218,141 @@ def record_loops(monkeypatch, kernel):
     return calls
 
 
+def record_row_parts(monkeypatch):
+    """The list of (parts, rows) of each jit_kernels.parts.run_rows call, as they happen."""
+    from jit_kernels import parts
+    calls, original = [], parts.run_rows
+    monkeypatch.setattr(parts, "run_rows", lambda part, count, rows, numbers:
+                        calls.append((count, rows)) or original(part, count, rows, numbers))
+    return calls
+
+
+def row_part_functions():
+    """(function, inputs, NumPy's outputs in float64) of kernels of every kind of
+    argument a row part reads: flat; full, per-column and scalar inputs with row
+    buffers (a softmax); a window, a per-row input and a per-row output."""
+    rng = np.random.default_rng(3)
+    x = K.placeholder((None,))
+    flat = K.function([x], [ops.apply("tanh", x) * 2.0 - x])
+    v = np.linspace(-3, 3, 100_003).astype(np.float32)
+    v64 = v.astype(np.float64)
+    yield flat, [v], [np.tanh(v64) * 2.0 - v64]
+
+    x = K.placeholder((None, 300))
+    bias = np.linspace(-1, 1, 300).astype(np.float32)
+    softmax = K.function([x], [numbackend.softmax(ops.apply("tanh", x) * 2.0 + K.variable(bias))])
+    v = rng.standard_normal((1001, 300)).astype(np.float32)
+    z = np.tanh(v.astype(np.float64)) * 2.0 + bias
+    want = np.exp(z - z.max(axis=1, keepdims=True))
+    yield softmax, [v], [want / want.sum(axis=1, keepdims=True)]
+
+    x, r = K.placeholder((None, 400)), K.placeholder((None, 1))
+    scale = np.linspace(0.5, 2, 300).astype(np.float32)
+    y = x[:, 50:350] * r + K.variable(scale)
+    windows = K.function([x, r], [y, numbackend.max(y, axis=1)])
+    v = rng.standard_normal((1001, 400)).astype(np.float32)
+    rv = rng.standard_normal((1001, 1)).astype(np.float32)
+    want = v[:, 50:350].astype(np.float64) * rv + scale
+    yield windows, [v, rv], [want, want.max(axis=1)]
+
+
+@pytest.mark.parametrize("count", [2, 3, 7])
+def test_row_parts_give_the_serial_loops_values(monkeypatch, count):
+    """Split into any number of row parts (more than the pool has threads run one
+    after another on the calling thread), a kernel's values are the serial
+    loop's, bit for bit, whatever arguments it takes."""
+    from jit_kernels import parts
+    for function, inputs, want in row_part_functions():
+        monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 1)
+        serial = function(inputs)
+        monkeypatch.setattr(parts, "row_part_count", lambda work, rows: count)
+        calls = record_row_parts(monkeypatch)
+        split = function(inputs)
+        assert [c for c, _ in calls] == [count], function.explain()
+        for got, expected, values in zip(split, serial, want):
+            np.testing.assert_array_equal(got, expected)
+            np.testing.assert_allclose(got, values, rtol=2e-6, atol=1e-6)
+
+
 @needs_blas
-@pytest.mark.parametrize("flat", [True, False])
-def test_a_large_call_runs_row_parts_until_the_parallel_loop_has_compiled(
-        monkeypatch, tuned, flat):
-    """Where tiers compile in the background, large calls run the serial loop
-    on parts of the rows, one per BLAS thread: the first, then the next ones
-    while the parallel loop compiles (from the second); then the parallel loop,
-    with the same bits."""
+def test_a_large_call_runs_row_parts_on_the_blas_threads(monkeypatch):
+    """A large call splits its rows (a flat kernel: its values) between
+    OpenBLAS's threads, one part a thread where each gets PARTS_MIN_WORK."""
+    from jit_kernels import blas, parts
+    calls = record_row_parts(monkeypatch)
+    for function, inputs, want in row_part_functions():
+        calls.clear()
+        for got, values in zip(function(inputs), want):
+            np.testing.assert_allclose(got, values, rtol=2e-6, atol=1e-6)
+        ((count, rows),) = calls if blas.threads() > 1 else [(1, None)]
+        assert count == min(blas.threads(), rows or 1)
+    # a kernel is never split on a pool of one thread
+    monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 1)
+    calls.clear()
+    function(inputs)
+    assert calls == []
+
+
+def test_without_the_blas_pool_large_calls_run_the_parallel_loop_once_compiled(
+        monkeypatch, tuned):
+    """Where NumPy has no OpenBLAS pool, large calls run the serial loop until
+    the parallel loop (Numba's threads) has compiled: from the second large
+    call, in the background; then the parallel loop, with the same bits."""
     import threading
 
-    from jit_kernels import blas
+    from jit_kernels import parts
     from numbackend import tiers
+    monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 0)
     tuned(TIER_COMPILE="background")
     hold = threading.Event()
     holding = tiers.submit("holding the worker", lambda: hold.wait(120))
     try:
-        if flat:
-            x = K.placeholder((None,))
-            f = K.function([x], [ops.apply("tanh", x) * 2.0 - x])
-            v = np.linspace(-3, 3, tuning.FUSED_PARALLEL_MIN_WORK + 7).astype(np.float32)
-            rows = v.size
-        else:
-            x = K.placeholder((None, 300))
-            bias = np.linspace(-1, 1, 300).astype(np.float32)
-            f = K.function([x], [numbackend.softmax(ops.apply("tanh", x) * 2.0 + K.variable(bias))])
-            v = np.random.default_rng(3).standard_normal((4099, 300)).astype(np.float32)
-            rows = v.shape[0]
-        (kernel,) = f.plan.kernels
+        function, inputs, want = next(row_part_functions())
+        (kernel,) = function.plan.kernels
         calls = []
         for variant in ("kernel_par", "kernel_ser"):
             original = getattr(kernel, variant)
             monkeypatch.setattr(kernel, variant,
                                 lambda *a, variant=variant, original=original:
-                                calls.append((variant, int(a[0]))) or original(*a))
-        first = f([v])[0]
-        v64 = v.astype(np.float64)
-        if flat:
-            want = np.tanh(v64) * 2.0 - v64
-        else:
-            z = np.tanh(v64) * 2.0 + bias
-            want = np.exp(z - z.max(axis=1, keepdims=True))
-            want /= want.sum(axis=1, keepdims=True)
-        np.testing.assert_allclose(first, want, rtol=2e-6, atol=1e-6)
-        parts = min(blas.threads(), rows)
-        assert {variant for variant, _ in calls} == {"kernel_ser"}
-        assert len(calls) == parts and sum(n for _, n in calls) == rows
-        assert kernel.PARALLEL._compiles == {}  # the first large call starts no compile
+                                calls.append(variant) or original(*a))
+        first = function(inputs)[0]
+        np.testing.assert_allclose(first, want[0], rtol=2e-6, atol=1e-6)
+        assert calls == ["kernel_ser"] and kernel.PARALLEL._compiles == {}
         calls.clear()
-        np.testing.assert_array_equal(f([v])[0], first)  # the second starts it, held
-        assert len(calls) == parts and len(kernel.PARALLEL._compiles) == 1
+        np.testing.assert_array_equal(function(inputs)[0], first)  # the second starts it, held
+        assert calls == ["kernel_ser"] and len(kernel.PARALLEL._compiles) == 1
     finally:
         hold.set()
     assert holding.wait(120)
     (compile_job,) = kernel.PARALLEL._compiles.values()
     assert compile_job.wait(300) and compile_job.error is None
     calls.clear()
-    np.testing.assert_array_equal(f([v])[0], first)
-    assert calls == [("kernel_par", rows)]
+    np.testing.assert_array_equal(function(inputs)[0], first)
+    assert calls == ["kernel_par"]
 
 
 def test_the_loop_is_chosen_by_the_work(monkeypatch):
-    """Cheap kernels stay serial up to FUSED_PARALLEL_MIN_WORK elements; one with a
-    vmath function goes parallel from a quarter of that."""
+    """Cheap kernels stay on the calling thread up to FUSED_PARALLEL_MIN_WORK
+    elements; one with a vmath function goes to row parts from a quarter of
+    that."""
+    from jit_kernels import parts
+    monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 2)
     a = K.placeholder((None,))
     cheap = K.function([a], [a * a - 3.0 * a])
     costly = K.function([a], [ops.apply("tanh", a) * 2.0])
     (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
+    for kernel in (cheap_kernel, costly_kernel):
+        kernel.ROW_PART()  # compiled before its serial loop is wrapped in Python
     cheap_calls = record_loops(monkeypatch, cheap_kernel)
     costly_calls = record_loops(monkeypatch, costly_kernel)
+    parts_calls = record_row_parts(monkeypatch)
     for size in (tuning.FUSED_PARALLEL_MIN_WORK // 2, tuning.FUSED_PARALLEL_MIN_WORK + 3):
         v = np.linspace(-5, 5, size).astype(np.float32)
         np.testing.assert_allclose(cheap([v])[0], v * v - 3 * v, rtol=1e-6, atol=1e-5)
         np.testing.assert_allclose(costly([v])[0], np.tanh(v) * 2.0, rtol=1e-6, atol=1e-6)
-    assert cheap_calls == ["kernel_ser", "kernel_par"]
-    assert costly_calls == ["kernel_par", "kernel_par"]
+    half, more = tuning.FUSED_PARALLEL_MIN_WORK // 2, tuning.FUSED_PARALLEL_MIN_WORK + 3
+    assert cheap_calls == ["kernel_ser"] and costly_calls == []
+    assert parts_calls == [(2, half), (2, more), (2, more)]
 
 
 @pytest.mark.parametrize("shape", [(None,), (None, 1)])

@@ -16,17 +16,20 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="fork is POSIX; 
 
 _MODELS = """
 import os, threading, multiprocessing, warnings
+# the pooling below on Numba's threads, whatever its size: they do not survive a fork
+os.environ["NUMBACKEND_TUNE_LIBRARY_PARALLEL_MIN_WORK"] = "0"
+os.environ["NUMBACKEND_TUNE_LIBRARY_IMAGE_PARTS_MIN_WORK"] = str(10**12)
 import numpy as np
 import numbackend as K
 
 rng = np.random.default_rng(0)
-# a fused kernel with enough work to run its parallel loop
+# a fused kernel with enough work to run in row parts on OpenBLAS's threads
 x = K.placeholder((None, 1000))
 fused = K.function([x], [K.tanh(x * 2.0 + 1.0) * K.sigmoid(x)])
 xv = rng.random((1000, 1000), dtype=np.float32)
 fused_want = np.tanh(xv * 2 + 1) / (1 + np.exp(-xv))
 
-# max pooling of a batch large enough for the parallel pooling loop
+# max pooling, its parallel loop on Numba's threads
 im = K.placeholder((None, 64, 64, 16))
 pool = K.function([im], [K.pool2d(im, (2, 2), (2, 2))])
 imv = rng.random((64, 64, 64, 16), dtype=np.float32)

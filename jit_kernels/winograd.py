@@ -29,11 +29,13 @@ _MAX = POOL_MODES['max']
 
 # The columns of a part's descriptor row (see _winograd_descriptors), an int64
 # each: the addresses and sizes of its arrays, its bands and what it does
-# besides the products (see BandWork)
+# besides the products (see BandWork); then what the part writes: 1 where its
+# bands' inputs hold an inf or a NaN
 (_D_ROWS, _D_ROW_COUNT, _D_CHANNELS, _D_WIDTH, _D_TILES_H, _D_TILES_W, _D_FIRST_BAND, _D_END_BAND,
  _D_CHUNK, _D_U, _D_OUT_CH, _D_OUT, _D_OUT_H, _D_OUT_W, _D_SCRATCH, _D_SCRATCH_SIZE, _D_POOL_MODE,
- _D_POOLED, _D_POOLED_ROWS, _D_EPILOGUE, _D_EPILOGUE_SIZE, _D_FINAL, _D_POOL_FIRST) = range(23)
-_D_COLUMNS = 23
+ _D_POOLED, _D_POOLED_ROWS, _D_EPILOGUE, _D_EPILOGUE_SIZE, _D_FINAL, _D_POOL_FIRST,
+ _D_NOT_FINITE) = range(24)
+_D_COLUMNS = 24
 
 
 # Winograd F(4x4, 3x3) (Lavin and Gray, 2016): a 4x4 block of outputs of a 3x3
@@ -339,10 +341,9 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, t
     in parts as even as whole bands allow, one per thread of ``threads`` where
     each gets ``tuning.PARTS_MIN_WORK`` elements of transformed inputs and
     products at least, else fewer; each part ``chunk`` bands at a time with
-    its row of the scratch; no descriptors where ``rows`` hold an inf or a
-    NaN."""
-    if not _all_finite(rows):
-        return np.empty((0, _D_COLUMNS), np.int64), np.empty((0, 0), rows.dtype)
+    its row of the scratch.  Each part checks its own bands' inputs for an inf
+    or a NaN (:func:`any_not_finite` after the run), where a check of all of
+    them here ran on one thread before the parts."""
     bands = rows.shape[0] // ((4 * tiles_h + 2) * width) * tiles_h
     count = parts.part_count(bands * tiles_w * 36 * (rows.shape[1] + u.shape[2]), threads,
                              tuning.PARTS_MIN_WORK, bands)
@@ -363,7 +364,18 @@ def _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, t
         row[_D_POOL_MODE], row[_D_POOLED], row[_D_POOLED_ROWS] = pool_mode, pooled.ctypes.data, pooled.shape[0]
         row[_D_EPILOGUE], row[_D_EPILOGUE_SIZE] = epilogue.ctypes.data, epilogue.size
         row[_D_FINAL], row[_D_POOL_FIRST] = final.ctypes.data, pool_first
+        row[_D_NOT_FINITE] = 0
     return d, scratch
+
+
+@njit_cached(**JIT_OPTIONS)
+def any_not_finite(descriptors):
+    """Whether a part of ``descriptors`` (run) found an inf or a NaN in its
+    bands' inputs, and so left its outputs unwritten."""
+    found = False
+    for i in range(descriptors.shape[0]):
+        found |= descriptors[i, _D_NOT_FINITE] != 0
+    return found
 
 
 @njit_cached(**JIT_OPTIONS)
@@ -372,10 +384,18 @@ def _winograd_part_of(d, dtype):
     :func:`_winograd_descriptors`), its arrays of ``dtype``, chunk by chunk
     of its bands, each chunk's outputs then run through the epilogue and
     pooled as ``d`` says.  (One function, not one per chunk called from
-    here: Numba compiles a caller with all its callees' code again.)"""
+    here: Numba compiles a caller with all its callees' code again.)  Where
+    its bands' inputs hold an inf or a NaN, it writes nothing but
+    d[_D_NOT_FINITE] = 1."""
     channels, out_ch = d[_D_CHANNELS], d[_D_OUT_CH]
     rows = parts.array_at(d[_D_ROWS], (d[_D_ROW_COUNT], channels), dtype)
     width, tiles_h, tiles_w = d[_D_WIDTH], d[_D_TILES_H], d[_D_TILES_W]
+    if d[_D_END_BAND] > d[_D_FIRST_BAND]:
+        top = _band_row(d[_D_FIRST_BAND], tiles_h, 4 * tiles_h + 2, width)
+        bottom = _band_row(d[_D_END_BAND] - 1, tiles_h, 4 * tiles_h + 2, width) + 6 * width
+        if not _all_finite(rows[top:bottom]):
+            d[_D_NOT_FINITE] = 1
+            return
     u = parts.array_at(d[_D_U], (36, channels, out_ch), dtype)
     out_h, out_w = d[_D_OUT_H], d[_D_OUT_W]
     scratch = parts.array_at(d[_D_SCRATCH], (d[_D_SCRATCH_SIZE],), dtype)
@@ -446,9 +466,9 @@ def winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, work=
     :class:`BandWork` ``work`` done in the same parts.  Each part runs
     ``chunk`` bands at a time (all of its bands at once where None).
 
-    False, running nothing, where ``rows`` hold an inf or a NaN: it would reach
-    every output of the blocks that read it (inf - inf in the transforms), so
-    such inputs go through im2col."""
+    False, its outputs not all written, where ``rows`` hold an inf or a NaN: it
+    would reach every output of the blocks that read it (inf - inf in the
+    transforms), so such inputs go through im2col, which writes them all."""
     pool, pooled, epilogue, final, pool_first = work
     if pooled is None:
         pooled = out[:0]
@@ -470,10 +490,8 @@ def winograd_in_parts(rows, width, tiles_h, tiles_w, u, out, out_h, out_w, work=
     descriptors, _scratch = _winograd_descriptors(rows, width, tiles_h, tiles_w, u, out, out_h, out_w,
                                                   max(1, blas.threads()), chunk or bands, POOL_MODES[pool],
                                                   pooled, epilogue, final, pool_first)
-    if descriptors.shape[0] == 0:
-        return False
     parts.run(winograd_parts[rows.itemsize], descriptors)
-    return True
+    return not any_not_finite(descriptors)
 
 
 # The last kernels' transforms (see _winograd_kernels), newest last
@@ -575,9 +593,9 @@ def winograd_serial(x, u, pool_mode, chunk):
     descriptors, scratch = _descriptors_by_address(
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         np.int64(1), chunk, pool_mode, pooled, np.zeros(0, np.int64), pooled[:0], np.bool_(True))
-    if descriptors.shape[0] == 0 and batch > 0:
-        return False, np.empty((0, 0, 0, 0), x.dtype)
     _parts_here_by_address(descriptors, x, (x, out, pooled, scratch))
+    if any_not_finite(descriptors):
+        return False, np.empty((0, 0, 0, 0), x.dtype)
     if pool_mode:
         return True, pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
     return True, out.reshape(batch, out_h, out_w, out_ch)
@@ -608,9 +626,9 @@ def winograd_forward(x, w, kept, u, part_address, pool_mode, chunk):
         x.reshape(-1, channels), width, out_h // 4, out_w // 4, u, out, out_h, out_w,
         max(1, parts.threads_from_compiled()), chunk, pool_mode, pooled, np.zeros(0, np.int64),
         pooled[:0], np.bool_(True))  # np.bool_: a literal would compile it once more
-    if descriptors.shape[0] == 0:
-        raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     parts.run_compiled(part_address, descriptors, (out, pooled, scratch))
+    if any_not_finite(descriptors):
+        raise ValueError("winograd_forward: an inf or a NaN in the inputs")
     if pool_mode:
         return pooled.reshape(batch, out_h // 2, out_w // 2, out_ch)
     return out.reshape(batch, out_h, out_w, out_ch)

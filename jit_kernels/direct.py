@@ -10,8 +10,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import parts, tuning
-from .compiling import njit_cached
+from . import blas, machine, parts, tuning
+from .compiling import by_address, njit_cached
 from .copying import copy_into
 from .windows import JIT_OPTIONS, in_image_parts, padded_reach, positions_per_image
 
@@ -140,6 +140,8 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
     the values it lacks from an offset of one image size, always a zero, so
     that an inf or NaN elsewhere never meets their zero weights.
 
+    Images split between BLAS's threads: as compiled parts (:func:`_direct_part_of`)
+    where no ``finish`` of Python's runs on the blocks, else as parts of Python.
     (Run as compiled parts, lines split between two threads, mnist_cnn's first
     layer at batch 1 was slower than on one thread: its short parts took as
     long together as one after the other; PERFORMANCE.md, W4.)
@@ -154,6 +156,10 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
     blocks = finish is not None or epilogue is not None
     if epilogue is None:
         epilogue = parts.NO_EPILOGUE
+    # work: each pass writes (or adds to) every output value
+    work = batch * positions * out_ch * offsets.shape[0]
+    if finish is None and _in_compiled_parts(x5, weights, y2, epilogue, sizes, offsets, chunk, work):
+        return
 
     def run(lo, hi):
         if blocks:
@@ -167,8 +173,93 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
             if finish is not None:
                 finish(target, start, stop)
 
-    # work: each pass writes (or adds to) every output value
-    in_image_parts(batch, batch * positions * out_ch * offsets.shape[0], run)
+    in_image_parts(batch, work, run)
+
+
+def _in_compiled_parts(x5, weights, y2, epilogue, sizes, offsets, chunk, work):
+    """:func:`window_products`'s images split between BLAS's threads as compiled
+    parts, one per thread where each gets ``tuning.PARTS_MIN_WORK`` of ``work``
+    at least; False, running nothing, where that is one part, the pool cannot
+    run them or an array is not C-contiguous."""
+    batch = x5.shape[0]
+    count = machine.part_count(work, blas.threads(), tuning.PARTS_MIN_WORK, batch)
+    if count < 2 or not parts.pool_from_compiled() or not all(
+            a.flags.c_contiguous for a in (x5, weights, y2, epilogue, sizes, offsets)):
+        return False
+    per = -(-batch // count)
+    descriptors = _direct_descriptors(x5, sizes, offsets, weights, y2, epilogue, per, chunk)
+    parts.run(direct_parts[x5.itemsize], descriptors)
+    return True
+
+
+# The columns of a part's descriptor row (see _direct_descriptors): the
+# arrays' addresses and sizes, its images and their chunk
+(_P_X, _P_BATCH, _P_DEPTH, _P_HEIGHT, _P_WIDTH, _P_CHANNELS, _P_SIZES, _P_OFFSETS, _P_PASSES,
+ _P_WEIGHTS, _P_OUT_CH, _P_Y, _P_EPILOGUE, _P_EPILOGUE_SIZE, _P_FIRST, _P_END, _P_CHUNK) = range(17)
+_P_COLUMNS = 17
+
+
+@njit_cached(**JIT_OPTIONS)
+def _direct_descriptors(x5, sizes, offsets, weights, y2, epilogue, per, chunk):
+    """The descriptors of :func:`_direct_part_of`: images ``per`` a part, as many
+    parts as the batch fills, each ``chunk`` images at a time."""
+    batch = x5.shape[0]
+    count = -(-batch // per)
+    d = np.empty((count, _P_COLUMNS), np.int64)
+    for i in range(count):
+        row = d[i]
+        row[_P_X], row[_P_BATCH] = x5.ctypes.data, batch
+        row[_P_DEPTH], row[_P_HEIGHT], row[_P_WIDTH], row[_P_CHANNELS] = x5.shape[1], x5.shape[2], \
+            x5.shape[3], x5.shape[4]
+        row[_P_SIZES], row[_P_OFFSETS], row[_P_PASSES] = sizes.ctypes.data, offsets.ctypes.data, offsets.shape[0]
+        row[_P_WEIGHTS], row[_P_OUT_CH], row[_P_Y] = weights.ctypes.data, weights.shape[1], y2.ctypes.data
+        row[_P_EPILOGUE], row[_P_EPILOGUE_SIZE] = epilogue.ctypes.data, epilogue.size
+        row[_P_FIRST], row[_P_END], row[_P_CHUNK] = i * per, min(batch, (i + 1) * per), chunk
+    return d
+
+
+# the loop the parts run, through its address (compiled once, not inside each part)
+_lines_by_address = by_address(_window_lines)
+
+
+@njit_cached(**JIT_OPTIONS)
+def _direct_part_of(d, dtype):
+    """:func:`window_products`'s images d[_P_FIRST]..d[_P_END]-1 (see
+    :func:`_direct_descriptors`), its arrays of ``dtype``, chunk by chunk: each
+    chunk's block then through the epilogue into y2, where d has one."""
+    batch, out_ch = d[_P_BATCH], d[_P_OUT_CH]
+    x5 = parts.array_at(d[_P_X], (batch, d[_P_DEPTH], d[_P_HEIGHT], d[_P_WIDTH], d[_P_CHANNELS]), dtype)
+    sizes = parts.array_at(d[_P_SIZES], _STEPS + 3, np.int64)
+    offsets = parts.array_at(d[_P_OFFSETS], (d[_P_PASSES], PASS_VALUES), np.int64)
+    weights = parts.array_at(d[_P_WEIGHTS], (d[_P_PASSES] * PASS_VALUES, out_ch), dtype)
+    epilogue = parts.array_at(d[_P_EPILOGUE], d[_P_EPILOGUE_SIZE], np.int64)
+    per_image = sizes[_OUT] * sizes[_OUT + 1]
+    positions = per_image * sizes[_OUT + 2]
+    y2 = parts.array_at(d[_P_Y], (batch * positions, out_ch), dtype)
+    first, end, chunk = d[_P_FIRST], d[_P_END], d[_P_CHUNK]
+    block = np.empty((min(chunk, end - first) * positions if epilogue.size else 0, out_ch), dtype)
+    for image in range(first, end, chunk):
+        count = min(chunk, end - image)
+        start, stop = image * positions, (image + count) * positions
+        target = block[:stop - start] if epilogue.size else y2[start:stop]
+        _lines_by_address(x5, image * per_image, (image + count) * per_image, sizes, offsets, weights,
+                          target, epilogue, y2[start:stop])
+
+
+def _direct_part_float32(d):
+    """:func:`_direct_part_of` of float32 arrays (a part of its own for each
+    type, as Winograd's)."""
+    _direct_part_of(d, np.float32)
+
+
+def _direct_part_float64(d):
+    """:func:`_direct_part_of` of float64 arrays."""
+    _direct_part_of(d, np.float64)
+
+
+# the compiled part of each type, by its item size
+direct_parts = {4: parts.compiled_part(_direct_part_float32),
+                8: parts.compiled_part(_direct_part_float64)}
 
 
 class DirectLoop(NamedTuple):

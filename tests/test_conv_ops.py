@@ -884,3 +884,31 @@ def test_keras_cnn_predict(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["shape"] == [6, 5]
     assert report["max_error"] < 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_the_direct_loops_compiled_parts_give_its_values(monkeypatch, tuned, dtype):
+    """A first layer's direct loop with its bias and ReLU, its images split into
+    compiled parts (three here, run one after another where the pool has fewer
+    threads), a chunk of one image at a time: NumPy's values, and the same
+    bits as the same images in parts of Python."""
+    from jit_kernels import direct, parts
+    if not parts.pool_from_compiled():
+        pytest.skip("NumPy's BLAS is not OpenBLAS ILP64 with its pool")
+    tuned(CONV_DIRECT_CHUNK_BYTES=1, ONE_CALL_AFTER=10**9, NATIVE_TIER="off")
+    kernel, bias = rand(3, 3, 1, 32), rand(32)
+    x = K.placeholder((None, 9, 7, 1), dtype=dtype)
+    f = K.function([x], [K.relu(K.bias_add(K.conv2d(x, K.variable(kernel.astype(dtype), dtype=dtype),
+                                                    padding="same"),
+                                           K.variable(bias.astype(dtype), dtype=dtype)))])
+    xv = rand(7, 9, 7, 1).astype(dtype)
+    runs, run = [], parts.run
+    monkeypatch.setattr(parts, "run", lambda part, rows: runs.append(len(rows)) or run(part, rows))
+    monkeypatch.setattr(direct.machine, "part_count", lambda work, threads, least, most: 3)
+    got = f([xv])[0]
+    assert runs == [3]  # images 0-2, 3-5 and 6
+    want = np.maximum(ref_conv(xv.astype(float), kernel, (1, 1), "same", (1, 1)) + bias, 0)
+    tol = 1e-5 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    monkeypatch.setattr(direct, "_in_compiled_parts", lambda *args: False)
+    np.testing.assert_array_equal(f([xv])[0], got)

@@ -88,8 +88,13 @@ def demo():
         _report(f"W3 MLP 784-512-512-10, batch {batch}", mlp, mlp_numpy, xs, repeat)
 
     import numba
-    print(f"\nNumba {numba.__version__}, threading layer {numba.threading_layer()}, "
-          f"{numba.get_num_threads()} threads")
+    from numba.np.ufunc import parallel
+
+    from jit_kernels import blas
+    # Numba's own threads start only where NumPy has no OpenBLAS pool (or for huge pooling)
+    layer = numba.threading_layer() if getattr(parallel, "_is_initialized", True) else "not started"
+    print(f"\nNumba {numba.__version__} (its threading layer: {layer}); {blas.threads()} threads "
+          "of OpenBLAS's pool run numbackend's parts")
 
 
 def main(argv):

@@ -178,7 +178,7 @@ def generate_source(spec, into=False, step_block=False):
     emit("import numpy as np")
     emit("from numba import prange")
     emit("from jit_kernels import njit_cached, parallel_ok")
-    emit("from numbackend.codegen import ParallelLoop")
+    emit("from numbackend.codegen import ParallelLoop, RowPart")
     emit("from jit_kernels import parts")
     emit("from jit_kernels.compiling import by_address")
     if "vm." in text:
@@ -244,8 +244,46 @@ def generate_source(spec, into=False, step_block=False):
     # compiled into them, the loop was optimised again with their code, doubling
     # its compile
     emit("SERIAL_LOOP = by_address(kernel_ser)")
-    emit("ROW_PART = parts.compiled_part(row_part)")
+    emit("ROW_PART = RowPart(parts.compiled_part(row_part))")
     return "\n".join(lines) + "\n"
+
+
+class RowPart:
+    """A fused kernel's row part (``row_part``, a jit_kernels.parts compiled
+    part) as a later tier: its compile (a few hundredths of a second; a load
+    where the cache has it) runs on the tiers' worker from the kernel's first
+    large call, which runs the serial loop on the calling thread meanwhile, so
+    that no call after a function's first waits for a compile; at once where
+    tiers compile in the call (tuning.TIER_COMPILE, a warm-up)."""
+
+    def __init__(self, part):
+        self.part = part
+        self.compiled = False
+        self._job = None
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def ready(self):
+        """Whether the row part is compiled (its compile starts at the first ask)."""
+        if self.compiled:
+            return True
+        job = self._job
+        if job is None:
+            with self._lock:
+                job = self._job
+                if job is None:
+                    job = self._job = tiers.submit("a fused kernel's row part", self.part)
+        if not job.done:
+            return False
+        if job.error is not None:
+            if not self._warned:
+                self._warned = True
+                warnings.warn(f"numbackend: a fused kernel's row part did not compile "
+                              f"({type(job.error).__name__}: {str(job.error)[:200]}); its large "
+                              "calls run on one thread", stacklevel=3)
+            return False
+        self.compiled = True
+        return True
 
 
 class ParallelLoop:
@@ -482,7 +520,7 @@ def _wrapper_body(spec, buffers, serial=False, into=False, serial_loop="kernel_s
         # OpenBLAS's threads (ROW_PART); a scalar goes as a 0-d array of its type
         rows = "R * C" if spec.flat else "R"
         emit(f"count = parts.row_part_count({work}, {rows})")
-        emit("if count > 1:")
+        emit("if count > 1 and ROW_PART.ready():")
         arrays = []
         for a, (pattern, _, dtype) in zip(args[2:2 + n_in], spec.inputs):
             if pattern == "S":  # named: the array must live until the parts are done
@@ -493,10 +531,11 @@ def _wrapper_body(spec, buffers, serial=False, into=False, serial_loop="kernel_s
         widths = [f"{args[2 + i]}.shape[1]" for i, (p, _, _) in enumerate(spec.inputs) if p == "W"]
         emit(f"    numbers = parts.addresses(({''.join(a + ', ' for a in arrays)}))")
         emit("    if numbers is not None:")
-        emit(f"        parts.run_rows(ROW_PART, count, {rows}, [R, C, *numbers{''.join(', ' + w for w in widths)}])")
+        emit(f"        parts.run_rows(ROW_PART.part, count, {rows}, [R, C, *numbers{''.join(', ' + w for w in widths)}])")
         emit("        " + done)
-        # one part, or an input that is not C-contiguous; without OpenBLAS's
-        # pool (count 0), Numba's parallel loop once compiled (a tier)
+        # one part, the row part not compiled yet, or an input that is not
+        # C-contiguous; without OpenBLAS's pool (count 0), Numba's parallel
+        # loop once compiled (a tier)
         emit(f"if count or not (PARALLEL.compiled or PARALLEL.ready({', '.join(args)})):")
         emit(f"    kernel_ser({', '.join(args)})")
         emit("    " + done)

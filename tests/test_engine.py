@@ -293,6 +293,37 @@ def test_a_large_call_runs_row_parts_on_the_blas_threads(monkeypatch):
     assert calls == []
 
 
+def test_large_calls_run_on_one_thread_until_the_row_part_has_compiled(monkeypatch, tuned):
+    """Where tiers compile in the background, a kernel's row part compiles on the
+    tiers' worker from its first large call, which runs the serial loop on the
+    calling thread meanwhile; the row parts then give the same bits."""
+    import threading
+
+    from jit_kernels import parts
+    from numbackend import tiers
+    tuned(TIER_COMPILE="background")
+    monkeypatch.setattr(parts, "row_part_count", lambda work, rows: 2)
+    calls = record_row_parts(monkeypatch)
+    hold = threading.Event()
+    holding = tiers.submit("holding the worker", lambda: hold.wait(120))
+    try:
+        # a kernel of its own: a module loaded by another test may have compiled its part
+        x = K.placeholder((None,))
+        function = K.function([x], [ops.apply("tanh", x) * 2.0 - x * x * 0.5])
+        v = np.linspace(-3, 3, 300_001).astype(np.float32)
+        inputs, v64 = [v], v.astype(np.float64)
+        (kernel,) = function.plan.kernels
+        first = function(inputs)[0]
+        np.testing.assert_allclose(first, np.tanh(v64) * 2.0 - v64 * v64 * 0.5, rtol=2e-6, atol=1e-6)
+        np.testing.assert_array_equal(function(inputs)[0], first)
+        assert calls == [] and not kernel.ROW_PART.compiled
+    finally:
+        hold.set()
+    assert holding.wait(120) and kernel.ROW_PART._job.wait(300)
+    np.testing.assert_array_equal(function(inputs)[0], first)
+    assert [count for count, _ in calls] == [2] and kernel.ROW_PART.compiled
+
+
 def test_without_the_blas_pool_large_calls_run_the_parallel_loop_once_compiled(
         monkeypatch, tuned):
     """Where NumPy has no OpenBLAS pool, large calls run the serial loop until
@@ -342,7 +373,7 @@ def test_the_loop_is_chosen_by_the_work(monkeypatch):
     costly = K.function([a], [ops.apply("tanh", a) * 2.0])
     (cheap_kernel,), (costly_kernel,) = cheap.plan.kernels, costly.plan.kernels
     for kernel in (cheap_kernel, costly_kernel):
-        kernel.ROW_PART()  # compiled before its serial loop is wrapped in Python
+        kernel.ROW_PART.part()  # compiled before its serial loop is wrapped in Python
     cheap_calls = record_loops(monkeypatch, cheap_kernel)
     costly_calls = record_loops(monkeypatch, costly_kernel)
     parts_calls = record_row_parts(monkeypatch)

@@ -259,31 +259,14 @@ class RowPart:
     def __init__(self, part):
         self.part = part
         self.compiled = False
-        self._job = None
-        self._lock = threading.Lock()
-        self._warned = False
+        self.later = tiers.Later("a fused kernel's row part", "numbackend: a fused kernel's row "
+                                 "part did not compile, so its large calls run on one thread")
 
     def ready(self):
         """Whether the row part is compiled (its compile starts at the first ask)."""
-        if self.compiled:
-            return True
-        job = self._job
-        if job is None:
-            with self._lock:
-                job = self._job
-                if job is None:
-                    job = self._job = tiers.submit("a fused kernel's row part", self.part)
-        if not job.done:
-            return False
-        if job.error is not None:
-            if not self._warned:
-                self._warned = True
-                warnings.warn(f"numbackend: a fused kernel's row part did not compile "
-                              f"({type(job.error).__name__}: {str(job.error)[:200]}); its large "
-                              "calls run on one thread", stacklevel=3)
-            return False
-        self.compiled = True
-        return True
+        if not self.compiled:
+            self.compiled = self.later.ready(lambda: self.part)
+        return self.compiled
 
 
 class ParallelLoop:
@@ -330,8 +313,8 @@ class ParallelLoop:
             if not self._warned:
                 self._warned = True
                 warnings.warn(f"numbackend: a fused kernel's parallel loop did not compile "
-                              f"({type(job.error).__name__}: {str(job.error)[:200]}); it runs "
-                              "its serial loop on row parts", stacklevel=3)
+                              f"({type(job.error).__name__}: {str(job.error)[:200]}); its "
+                              "large calls run on one thread", stacklevel=3)
             return False
         self.compiled = True
         return True

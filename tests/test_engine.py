@@ -319,9 +319,20 @@ def test_large_calls_run_on_one_thread_until_the_row_part_has_compiled(monkeypat
         assert calls == [] and not kernel.ROW_PART.compiled
     finally:
         hold.set()
-    assert holding.wait(120) and kernel.ROW_PART._job.wait(300)
+    assert holding.wait(120) and kernel.ROW_PART.later.wait(300)
     np.testing.assert_array_equal(function(inputs)[0], first)
     assert [count for count, _ in calls] == [2] and kernel.ROW_PART.compiled
+
+
+def test_a_row_part_that_does_not_compile_leaves_large_calls_on_one_thread():
+    from numbackend.codegen import RowPart
+
+    def part():
+        raise RuntimeError("no compiler today")
+    row_part = RowPart(part)
+    with pytest.warns(UserWarning, match="row part did not compile.*no compiler today"):
+        assert not row_part.ready()
+    assert not row_part.ready() and not row_part.compiled
 
 
 def test_without_the_blas_pool_large_calls_run_the_parallel_loop_once_compiled(

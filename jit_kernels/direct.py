@@ -179,12 +179,11 @@ def window_products(x5, g, w2, y2, loop, finish=None, epilogue=None):
 def _in_compiled_parts(x5, weights, y2, epilogue, sizes, offsets, chunk, work):
     """:func:`window_products`'s images split between BLAS's threads as compiled
     parts, one per thread where each gets ``tuning.PARTS_MIN_WORK`` of ``work``
-    at least; False, running nothing, where that is one part, the pool cannot
-    run them or an array is not C-contiguous."""
+    at least; False, running nothing, where that is one part (as where the
+    pool cannot run parts: no threads) or an array is not C-contiguous."""
     batch = x5.shape[0]
     count = machine.part_count(work, blas.threads(), tuning.PARTS_MIN_WORK, batch)
-    if count < 2 or not parts.pool_from_compiled() or not all(
-            a.flags.c_contiguous for a in (x5, weights, y2, epilogue, sizes, offsets)):
+    if count < 2 or not all(a.flags.c_contiguous for a in (x5, weights, y2, epilogue, sizes, offsets)):
         return False
     per = -(-batch // count)
     descriptors = _direct_descriptors(x5, sizes, offsets, weights, y2, epilogue, per, chunk)

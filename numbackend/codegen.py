@@ -396,19 +396,19 @@ def _step_block(spec, buffers):
 def _row_part(spec, buffers):
     """``row_part(d)``: the serial loop over rows d[0]..d[1]-1 of the domain (flat:
     of its R * C values), a jit_kernels.parts compiled part.  The descriptor
-    ``d``: the rows, then R and C, the data address of each input (a scalar's
-    0-d array) and output, as ``run`` passes them to the loop, then the width
-    of each window input.  Each part allocates its own row buffers."""
+    ``d``: the rows, then C, the data address of each input (a scalar's 0-d
+    array) and output, as ``run`` passes them to the loop, then the width of
+    each window input.  Each part allocates its own row buffers."""
     lines = ["", "", "def row_part(d):",
-             "    lo, hi, R, C = d[0], d[1], d[2], d[3]",
+             "    lo, hi, C = d[0], d[1], d[2]",
              "    n = hi - lo"]
     params = ["n", "C"]
     names = [f"{'x' if p == 'S' else 'v'}{i}" for i, (p, _, _) in enumerate(spec.inputs)]
     slots = list(spec.inputs) + [("F" if kind == "full" else "R", None, spec.nodes[j][4])
                                  for j, kind, _ in spec.outputs]
     names += [f"o{o}" for o in range(len(spec.outputs))]
-    width_slot = 4 + len(slots)
-    for slot, (name, (pattern, _, dtype)) in enumerate(zip(names, slots), start=4):
+    width_slot = 3 + len(slots)
+    for slot, (name, (pattern, _, dtype)) in enumerate(zip(names, slots), start=3):
         item, size = scalar_type(dtype), np.dtype(dtype).itemsize
         if pattern == "S":
             lines.append(f"    {name} = parts.array_at(d[{slot}], 1, {item})[0]")
@@ -514,7 +514,7 @@ def _wrapper_body(spec, buffers, serial=False, into=False, serial_loop="kernel_s
         widths = [f"{args[2 + i]}.shape[1]" for i, (p, _, _) in enumerate(spec.inputs) if p == "W"]
         emit(f"    numbers = parts.addresses(({''.join(a + ', ' for a in arrays)}))")
         emit("    if numbers is not None:")
-        emit(f"        parts.run_rows(ROW_PART.part, count, {rows}, [R, C, *numbers{''.join(', ' + w for w in widths)}])")
+        emit(f"        parts.run_rows(ROW_PART.part, count, {rows}, [C, *numbers{''.join(', ' + w for w in widths)}])")
         emit("        " + done)
         # one part, the row part not compiled yet, or an input that is not
         # C-contiguous; without OpenBLAS's pool (count 0), Numba's parallel

@@ -269,10 +269,15 @@ def _check(a, b_itemsize, out, k):
 
 
 @njit_cached(**_JIT)
-def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
+def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo, epilogue, first_column):
     """out = a @ B, where B's full panels lie in b, the j-th from item j *
     panel_step, its rows ldb apart, and the columns after the last full panel
-    in ``last_panel`` (k, width), padded with zeros.
+    in ``last_panel`` (k, width), padded with zeros.  Where ``epilogue`` (a
+    parts.CompiledEpilogue's template) is not empty, each block of rows is
+    computed into a scratch block, which the epilogue then reads while in
+    cache and writes into out, out's columns being the epilogue's from
+    ``first_column`` on.  (Not in place: the epilogue's loop checks that its
+    input and output do not overlap, and runs unvectorised where they do.)
 
     Each value of out sums its chunks of k in order, whatever the rows and
     panels around it: a product split by rows or by panels gives the bits of
@@ -283,8 +288,11 @@ def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
     full = n // width
     depth = chunk_depth(a.itemsize)
     rows = block_rows(k, a.itemsize)
+    scratch = np.empty((min(m, rows) if epilogue.size else 0, n), out.dtype)[:, :]
     for block in range(0, m, rows):
         end = min(m, block + rows)
+        target = scratch[:end - block] if epilogue.size else out[block:end]
+        ldt = n if epilogue.size else ldo
         for start in range(0, max(1, k), depth):  # k = 0 still writes out's zeros
             size = min(depth, k - start)
             later = 1 if start > 0 else 0
@@ -293,20 +301,23 @@ def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo):
                 first = full // ONE_ROW_PANELS * ONE_ROW_PANELS
                 for j in range(0, first, ONE_ROW_PANELS):
                     _tile_one_row(a, block * lda + start, lda, b, j * panel_step + start * ldb,
-                                  panel_step, ldb, out, block * ldo + j * width, ldo, size, later)
+                                  panel_step, ldb, target, j * width, ldt, size, later)
             for j in range(first, full):
                 for i in range(block, end, TILE_ROWS):
                     _tile(min(TILE_ROWS, end - i), a, i * lda + start, lda, b,
-                          j * panel_step + start * ldb, ldb, out, i * ldo + j * width, ldo, size,
-                          later)
+                          j * panel_step + start * ldb, ldb, target, (i - block) * ldt + j * width, ldt,
+                          size, later)
         if full * width < n:
-            _last_panel_product(a, block, end, last_panel, out, lda, depth)
+            _last_panel_product(a, block, end, last_panel, target, lda, depth)
+        if epilogue.size:
+            parts.run_epilogue_rows(epilogue, target, out[block:end], first_column)
 
 
 @njit_cached(**_JIT)
 def _last_panel_product(a, first, end, last_panel, out, lda, depth):
-    """Rows first:end of out's columns after its last full panel, in chunks of
-    ``depth`` of k as :func:`_product` sums the full panels."""
+    """Rows first:end of a's product by its columns after its last full panel,
+    into those columns of out's rows from its first, in chunks of ``depth``
+    of k as :func:`_product` sums the full panels."""
     k, width = last_panel.shape
     start = out.shape[1] // width * width
     tile = np.empty((TILE_ROWS, width), out.dtype)  # whole panels' width, cut to n
@@ -319,7 +330,7 @@ def _last_panel_product(a, first, end, last_panel, out, lda, depth):
                   tile[:, :], np.int64(0), width, min(depth, k - chunk), 1 if chunk > 0 else 0)
         for r in range(rows):
             for c in range(out.shape[1] - start):
-                out[i + r, start + c] = tile[r, c]
+                out[i - first + r, start + c] = tile[r, c]
 
 
 @njit_cached(**_JIT)
@@ -327,6 +338,15 @@ def matmul_packed(a, packed, out):
     """out[...] = a @ B for B packed by :func:`pack` (of as many columns as out
     has); a and out float32 or float64 matrices of B's type, their rows
     contiguous."""
+    matmul_packed_then(a, packed, out, np.empty(0, np.int64), np.int64(0))
+
+
+@njit_cached(**_JIT)
+def matmul_packed_then(a, packed, out, epilogue, first_column):
+    """:func:`matmul_packed`, with each block of rows run through ``epilogue``
+    (a parts.CompiledEpilogue's template) as it is done, where that is not
+    empty; out's columns are the epilogue's from ``first_column`` on (out: a
+    part's columns of the whole result)."""
     panels, k, width = packed.shape
     m, n, lda, ldo = _check(a, packed.itemsize, out, k)
     if panels != (n + width - 1) // width or width != panel_width(packed.itemsize):
@@ -337,7 +357,7 @@ def matmul_packed(a, packed, out):
     # typed as any layout (out[:, :]), contiguous or a part's columns: one
     # compiled _product for every caller
     _product(a, packed.reshape(panels * k, width), k * width, width, packed[panels - 1], out[:, :], lda,
-             ldo)
+             ldo, epilogue, first_column)
 
 
 _matmul_packed_by_address = by_address(matmul_packed)
@@ -434,7 +454,8 @@ def matmul(a, b, out):
     for i in range(last_panel.shape[0]):
         for x in range(n - full * width):
             last_panel[i, x] = b[i, full * width + x]
-    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out[:, :], lda, ldo)  # see matmul_packed
+    _product(a, b, width, b.strides[0] // b.itemsize, last_panel, out[:, :], lda, ldo,  # see matmul_packed
+             np.empty(0, np.int64), np.int64(0))
 
 
 @njit_cached(**_JIT)
@@ -447,12 +468,13 @@ def matmul_each(a, b, out):
 
 
 @njit_cached(**_JIT)
-def _parts_of_product(a, packed, out, threads):
+def _parts_of_product(a, packed, out, threads, epilogue):
     """The descriptors of :func:`_product_part_of` for out = a @ B, B packed by
     :func:`pack`, in parts of whole panels, one per thread of ``threads``
     where each reads ``tuning.PARTS_MIN_WORK`` items of B at least (a product
     of a few rows by weights is bound by reading them), else fewer; a and out
-    C-contiguous."""
+    C-contiguous.  Each part then runs its columns through ``epilogue``
+    (:func:`matmul_packed_then`) where it is not empty."""
     panels, k, width = packed.shape
     m, n, _, _ = _check(a, packed.itemsize, out, k)
     if panels != (n + width - 1) // width or width != panel_width(packed.itemsize):
@@ -460,23 +482,27 @@ def _parts_of_product(a, packed, out, threads):
     count = parts.part_count(k * n, threads, tuning.PARTS_MIN_WORK, panels)
     per = (panels + count - 1) // count
     count = (panels + per - 1) // per
-    d = np.empty((count, 10), np.int64)
+    d = np.empty((count, 12), np.int64)
     for i in range(count):
         d[i, 0], d[i, 1], d[i, 2], d[i, 3] = a.ctypes.data, m, k, packed.ctypes.data
         d[i, 4], d[i, 5], d[i, 6] = panels, out.ctypes.data, n
         d[i, 7], d[i, 8], d[i, 9] = i * per, min(panels, (i + 1) * per), packed.itemsize
+        d[i, 10], d[i, 11] = epilogue.ctypes.data, epilogue.size
     return d
 
 
 @njit_cached(**_JIT)
 def _product_part_of(d, dtype):
-    """Panels d[7]..d[8]-1 of a product described by :func:`_parts_of_product`."""
+    """Panels d[7]..d[8]-1 of a product described by :func:`_parts_of_product`,
+    then through its epilogue."""
     m, k, panels, n, first, end = d[1], d[2], d[4], d[6], d[7], d[8]
     width = panel_width(d[9])
     a = parts.array_at(d[0], (m, k), dtype)
     packed = parts.array_at(d[3], (panels, k, width), dtype)
     out = parts.array_at(d[5], (m, n), dtype)
-    matmul_packed_panels(a, packed, out, first, end)
+    epilogue = parts.array_at(d[10], d[11], np.int64)
+    matmul_packed_then(a, packed[first:end], out[:, first * width:min(n, end * width)], epilogue,
+                       first * width)
 
 
 def _product_part_float32(d):
@@ -495,17 +521,20 @@ def _product_part_float64(d):
 product_parts = {4: parts.compiled_part(_product_part_float32), 8: parts.compiled_part(_product_part_float64)}
 
 
-def matmul_packed_in_parts(a, packed, out):
+def matmul_packed_in_parts(a, packed, out, epilogue=parts.NO_EPILOGUE):
     """:func:`matmul_packed` with the panels split between BLAS's threads
-    (jit_kernels.parts), for a and out C-contiguous.  A product by the weights
-    of a layer at batch 1 is bound by reading them from memory, which the
-    threads then share (see tuning.PACKED_WEIGHTS_MAX_ROWS)."""
+    (jit_kernels.parts), for a and out C-contiguous; then out through
+    ``epilogue`` (a parts.CompiledEpilogue's template, checked for out's
+    columns), each part its own columns.  A product by the weights of a
+    layer at batch 1 is bound by reading them from memory, which the threads
+    then share (see tuning.PACKED_WEIGHTS_MAX_ROWS)."""
     if not (a.flags.c_contiguous and out.flags.c_contiguous and packed.flags.c_contiguous):
         raise ValueError("jit_kernels.packed: the parts read and write whole C-contiguous arrays")
     if out.size == 0 or a.shape[1] == 0:
-        matmul_packed(a, packed, out)  # nothing to split; checks the shapes
+        matmul_packed_then(a, packed, out, epilogue, 0)  # nothing to split; checks the shapes
         return
-    parts.run(product_parts[a.itemsize], _parts_of_product(a, packed, out, max(1, blas.threads())))
+    parts.run(product_parts[a.itemsize], _parts_of_product(a, packed, out, max(1, blas.threads()),
+                                                           epilogue))
 
 
 @njit_cached(**_JIT)
@@ -516,7 +545,8 @@ def matmul_packed_from_compiled(a, packed, out, part_address):
     if out.size == 0 or a.shape[1] == 0 or not (a.flags.c_contiguous and out.flags.c_contiguous):
         matmul_packed(a, packed, out)  # checks the shapes
         return
-    descriptors = _parts_of_product(a, packed, out, max(1, parts.threads_from_compiled()))
+    descriptors = _parts_of_product(a, packed, out, max(1, parts.threads_from_compiled()),
+                                    np.empty(0, np.int64))
     parts.run_compiled(part_address, descriptors, (a, packed, out))
 
 

@@ -369,9 +369,10 @@ def pool_from_compiled():
 
 
 # An epilogue's descriptor (see CompiledEpilogue): the part's address, the
-# block's rows and columns, the block's and the output's addresses, then the
-# epilogue's own numbers.
-EPILOGUE_HEAD = 5
+# block's rows and columns, the block's and the output's addresses, the items
+# from one row to the next in the block and in the output, the block's first
+# column among the epilogue's row vectors, then the epilogue's own numbers.
+EPILOGUE_HEAD = 8
 
 
 # an empty epilogue template: no compiled epilogue
@@ -388,11 +389,13 @@ class CompiledEpilogue:
     calls on its blocks without Python (:func:`run_epilogue`).
 
     ``part`` is a :func:`compiled_part` reading the descriptor laid out by
-    :data:`EPILOGUE_HEAD`: rows, columns and the two C-contiguous (rows,
-    columns) arrays of ``dtype``, then ``numbers`` (the addresses of its other
-    inputs, which ``keep`` holds alive).  ``widths``: the column counts its
-    inputs take (the lengths of its row vectors), each block's columns among
-    them."""
+    :data:`EPILOGUE_HEAD`: rows and columns; the block and the output, two
+    (rows, columns) arrays of ``dtype`` apart, each with its rows' distance
+    in items (:func:`run_epilogue_rows`); the first column, from which the
+    block's columns read the row vectors; then
+    ``numbers`` (the addresses of its other inputs, which ``keep`` holds
+    alive).  ``widths``: the column counts its inputs take (the lengths of
+    its row vectors), each block's columns among them."""
 
     def __init__(self, part, dtype, numbers, keep=(), widths=()):
         self.template = np.zeros(EPILOGUE_HEAD + len(numbers), np.int64)
@@ -427,4 +430,20 @@ def run_epilogue(template, block, out):
     descriptor = template.copy()
     descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
     descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
+    descriptor[5] = descriptor[6] = block.shape[1]
+    descriptor[7] = 0
+    _call_part(descriptor[0], descriptor)
+
+
+@njit_cached(nogil=True)
+def run_epilogue_rows(template, block, out, first_column):
+    """:func:`run_epilogue` from ``block`` into ``out``, (rows, columns) arrays
+    of its type apart whose rows are contiguous (``out`` a part's columns of
+    a larger array, as a part of a product writes them); their columns are
+    the epilogue's row vectors' from ``first_column`` on."""
+    descriptor = template.copy()
+    descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
+    descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
+    descriptor[5], descriptor[6] = block.strides[0] // block.itemsize, out.strides[0] // out.itemsize
+    descriptor[7] = first_column
     _call_part(descriptor[0], descriptor)

@@ -220,7 +220,7 @@ def generate_source(spec, into=False, step_block=False):
         params = [f"x{i}" for i in range(n_in)] + [f"o{o}" for o in range(len(spec.outputs))]
         emit(f"def run_serial_into({', '.join(params)}):")
         lines.extend("    " + line for line in _wrapper_body(spec, buffers, serial=True, into=True))
-        lines.extend(_epilogue_part(spec, params))
+        lines.extend(_epilogue_part(spec, buffers))
     if step_block:
         lines.extend(_step_block(spec, buffers))
     lines.extend(_row_part(spec, buffers))
@@ -320,27 +320,49 @@ class ParallelLoop:
         return True
 
 
-def _epilogue_part(spec, params):
-    """``EPILOGUE_PART``: ``run_serial_into`` as a jit_kernels.parts compiled part
+def _epilogue_part(spec, buffers):
+    """``EPILOGUE_PART``: the serial loop as a jit_kernels.parts compiled part
     reading a CompiledEpilogue's descriptor: the block (the one 'F' input of an
-    epilogue's kernel) and the output as its head says, each other input from
-    an address after it, a row vector of the block's columns or one scalar."""
+    epilogue's kernel) and the output, (rows, columns) values with their
+    rows' distances, as its head says; each other input from an address after
+    it, a row vector (from the block's first column on) or one scalar.  The
+    loop reads and writes the first columns of rows that long; a flat loop,
+    over contiguous values, takes the rows one at a time where they are not
+    whole."""
     from jit_kernels.parts import EPILOGUE_HEAD as head  # not at import: it loads BLAS
-    rows_columns = "(d[1], d[2])"
-    lines = ["", "", "def epilogue_part(d):"]
-    slot = head
+    lines = ["", "", "def epilogue_part(d):",
+             "    rows, columns, first = d[1], d[2], d[7]"]
+    names, slot = [], head
     for i, (pattern, _, dtype) in enumerate(spec.inputs):
+        item, size = scalar_type(dtype), np.dtype(dtype).itemsize
         if pattern == "F":
-            lines.append(f"    x{i} = parts.array_at(d[3], {rows_columns}, {scalar_type(dtype)})")
-        elif pattern == "C":
-            lines.append(f"    x{i} = parts.array_at(d[{slot}], (d[2],), {scalar_type(dtype)})")
-            slot += 1
+            names.append((f"v{i}", "d[3]", "d[5]", item, size))
+            continue
+        if pattern == "C":
+            lines.append(f"    v{i} = parts.array_at(d[{slot}] + first * {size}, columns, {item})")
         else:
-            lines.append(f"    x{i} = parts.array_at(d[{slot}], (1,), {scalar_type(dtype)})[0]")
-            slot += 1
+            lines.append(f"    x{i} = parts.array_at(d[{slot}], 1, {item})[0]")
+        slot += 1
     (j, _, _), = spec.outputs
-    lines.append(f"    o0 = parts.array_at(d[4], {rows_columns}, {scalar_type(spec.nodes[j][4])})")
-    lines.append(f"    run_serial_into({', '.join(params)})")
+    out_type = spec.nodes[j][4]
+    names.append(("o0", "d[4]", "d[6]", scalar_type(out_type), np.dtype(out_type).itemsize))
+    for j, ct in buffers:
+        lines.append(f"    s{j} = np.empty((min(rows, {tuning.FUSED_ROW_BLOCKS}), columns), "
+                     f"dtype={scalar_type(ct)})")
+    call = f"SERIAL_LOOP({', '.join(_kernel_args(spec, buffers))})"
+    if not spec.flat:
+        lines += [f"    {name} = parts.array_at({at}, (rows, {ld}), {item})" for name, at, ld, item, _ in names]
+        lines += [f"    {call.replace('R, C', 'rows, columns')}"]
+    else:
+        lines += ["    if d[5] == columns and d[6] == columns:"]
+        lines += [f"        {name} = parts.array_at({at}, rows * columns, {item})"
+                  for name, at, _, item, _ in names]
+        lines += [f"        {call.replace('R, C', 'rows, columns')}",
+                  "        return",
+                  "    for r in range(rows):"]
+        lines += [f"        {name} = parts.array_at({at} + r * {ld} * {size}, columns, {item})"
+                  for name, at, ld, item, size in names]
+        lines += [f"        {call.replace('R, C', '1, columns')}"]
     lines += ["", "", "EPILOGUE_PART = parts.compiled_part(epilogue_part)"]
     return lines
 

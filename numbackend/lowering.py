@@ -5,8 +5,8 @@ A lowering owns an op's paths: the callable the Python plan calls
 compiled call or a scan's loop runs (:meth:`Lowering.compiled_lines`, None
 where it has none), and the traits fusion reads:
 
-- ``takes_epilogue``: it can run an element-wise group on each block of its
-  result while in cache (program.LibraryWithEpilogue);
+- ``takes_epilogue(node)``: it can run an element-wise group on each block
+  of node's result while in cache (program.LibraryWithEpilogue);
 - ``pools``: it can pool its result over 2x2 windows itself, before or after
   that group;
 - ``returns_view``: its result may be a view of its input (a reshape), which
@@ -47,10 +47,14 @@ _FLAG = {False: "np.bool_(False)", True: "np.bool_(True)"}
 class Lowering:
     """A library op run by its NumPy/Numba function, with no compiled form."""
 
-    takes_epilogue = False
     pools = False
     returns_view = False
     is_product = False
+
+    def takes_epilogue(self, node):
+        """Whether ``node`` can run an element-wise group on each block of its
+        result (see :meth:`plan_callable_with_epilogue`)."""
+        return False
 
     def plan_callable(self, node, bodies=None, written=frozenset()):
         """``f(*input_arrays)`` for the Python plan.  ``bodies``: where an op runs
@@ -281,12 +285,52 @@ class Dot(Lowering):
 
     is_product = True
 
+    def takes_epilogue(self, node):
+        """A product by weights: its parts on the weights' panels run the group
+        on their columns of each block of rows (packed.matmul_packed_then)."""
+        return _multiplies_weights(node)
+
     def plan_callable(self, node, bodies=None, written=frozenset()):
         if not _multiplies_weights(node):
             return library_call(node)
         return ProductByWeights(node, node.inputs[1].id in written)
 
-    def compiled_lines(self, node, ins, out, render):
+    def plan_callable_with_epilogue(self, step, module, fallback, written=frozenset()):
+        """The plan's callable for a program.LibraryWithEpilogue of a product by
+        weights: ``call(x, w, *group_inputs_but_node)``.  Where the product runs
+        on the weights' panels, its parts run the group as ``module``'s
+        compiled part; else the group runs after it, as ``module``'s kernel
+        (``fallback``, NumPy's, where the run-time shapes do not fit the part)."""
+        from jit_kernels import parts  # not at import: it loads BLAS
+        product = ProductByWeights(step.node, step.node.inputs[1].id in written)
+        epilogues = _Epilogues(step, module)
+        position = step.position
+        dtype = np.dtype(step.node.dtype)
+        # the group's other inputs as its kernel over rows takes them: row vectors, scalars
+        patterns = [p for j, p in enumerate(step.patterns) if j != position]
+
+        def call(x, w, *others):
+            epilogue = epilogues.of(others)
+            try:
+                epilogue.check(w.shape[-1], dtype)
+            except parts.EpilogueMismatch:
+                epilogue = None
+            out, done = product.run(x, w, None if epilogue is None else epilogue.template)
+            if done:
+                return out
+            if epilogue is None:
+                inputs = list(others)
+                inputs.insert(position, out)
+                return fallback(*inputs)[0]
+            inputs = [np.asarray(a).reshape(-1) for a in others]
+            inputs = [a[0] if p == "S" else a for a, p in zip(inputs, patterns)]
+            inputs.insert(position, out)
+            return module.run(*inputs)[0]
+        return call
+
+    def compiled_lines(self, node, ins, out, render, pool=None):
+        if pool is not None:
+            return None
         if render.export and node.inputs[0].ndim > 2:
             return self._batched_weights_lines(node, ins, out, render)
         if not (_blas().AVAILABLE and is_float_matrix_product(node)):
@@ -401,10 +445,17 @@ class ProductByWeights:
         self.packing = None  # (weak reference to the value packed, its panels)
 
     def __call__(self, x, w):
+        return self.run(x, w, None)[0]
+
+    def run(self, x, w, epilogue):
+        """(x @ w, whether it went through ``epilogue``): a CompiledEpilogue's
+        template for w's columns, or None.  The product's parts run it on
+        their columns where they run on the weights' panels; else the caller
+        runs it after."""
         if (x.dtype != self.dtype or w.dtype != self.dtype or x.ndim != 2 or w.ndim != 2
                 or x.shape[1] != w.shape[0] or not x.flags.c_contiguous
                 or not w.flags.c_contiguous):
-            return self.fallback(x, w)
+            return self.fallback(x, w), False
         if self.packed is None:
             from jit_kernels import packed
             self.packed = packed
@@ -412,16 +463,19 @@ class ProductByWeights:
         # OpenBLAS) is asked only beyond, where the rule reads it
         if x.shape[0] > tuning.PACKED_WEIGHTS_MAX_ROWS and not self.packed.weights_run_packed(
                 x.shape[0], *w.shape, self.dtype.itemsize, _blas().threads(), self.weights_written):
-            return self.fallback(x, w)
+            return self.fallback(x, w), False
         out = np.empty((x.shape[0], w.shape[1]), self.dtype)
         if w.size < tuning.PACKED_WEIGHTS_MIN_ITEMS:
             self.packed.matmul(x, w, out)
-            return out
+            return out, False
         packing = self.packing
         if packing is None or packing[0]() is not w:
             packing = self.packing = (weakref.ref(w), self.packed.pack(w, False))
-        self.packed.matmul_packed_in_parts(x, packing[1], out)
-        return out
+        if epilogue is None:
+            self.packed.matmul_packed_in_parts(x, packing[1], out)
+            return out, False
+        self.packed.matmul_packed_in_parts(x, packing[1], out, epilogue)
+        return out, True
 
 
 class Conv(Lowering):
@@ -434,10 +488,12 @@ class Conv(Lowering):
     'valid', block by block; with ``pool_first=True`` the epilogue runs on
     the pooled values instead (where partition.rises_with says they commute)."""
 
-    takes_epilogue = True
     pools = True
 
-    def plan_callable_with_epilogue(self, step, module, fallback):
+    def takes_epilogue(self, node):
+        return True
+
+    def plan_callable_with_epilogue(self, step, module, fallback, written=frozenset()):
         """The plan's callable for a program.LibraryWithEpilogue: ``call(*node_inputs,
         *group_inputs_but_node)``, the group running as ``module``'s compiled
         part on each block; ``fallback(*group_inputs)`` runs the group with
@@ -639,6 +695,45 @@ def _kernel_transform(weights):
     return conv.kernel_transform(weights)
 
 
+class _Epilogues:
+    """The parts.CompiledEpilogue of a program.LibraryWithEpilogue's group,
+    its kernel ``module``'s compiled part, for the group's inputs other than
+    the library op's result."""
+
+    def __init__(self, step, module):
+        self.part = module.EPILOGUE_PART
+        self.dtype = np.dtype(step.node.dtype)
+        self.others = [(p == "C", np.dtype(t.dtype)) for j, (p, t) in
+                       enumerate(zip(step.patterns, step.inputs)) if j != step.position]
+        # the last call's inputs and their epilogue, while it can serve again
+        self.last = ((), None)
+
+    def of(self, inputs):
+        """The CompiledEpilogue of ``inputs``: the last one where they are the
+        same arrays, read in place (a layer's weights, on each call)."""
+        from jit_kernels import parts  # not at import: it loads BLAS
+        known, epilogue = self.last
+        if epilogue is not None and len(known) == len(inputs):
+            for a, b in zip(known, inputs):
+                if a is not b:
+                    break
+            else:
+                return epilogue
+        keep, numbers_, widths, in_place = [], [], [], True
+        for (row, kind), a in zip(self.others, inputs):
+            # C-contiguous and in the kernel's types: it reads them by address
+            in_place = in_place and type(a) is np.ndarray and a.dtype == kind and a.flags.c_contiguous
+            a = np.asarray(a, dtype=kind).reshape(-1)
+            keep.append(a)
+            numbers_.append(parts.address(a))
+            if row:
+                widths.append(a.size)
+        epilogue = parts.CompiledEpilogue(self.part, self.dtype, numbers_, keep, widths)
+        # a copy would miss a change made in place to the array it came from
+        self.last = (inputs, epilogue) if in_place else ((), None)
+        return epilogue
+
+
 def _library_with_epilogue(step, module, fallback):
     """See :meth:`Conv.plan_callable_with_epilogue`.  With ``step.pool_first``
     (max pooling, a group that rises with node) node's value is pooled and the
@@ -651,38 +746,11 @@ def _library_with_epilogue(step, module, fallback):
     impl = unpooled if pool is None else functools.partial(unpooled, pool=pool.attrs["mode"])
     pool_call = None if pool is None else library_call(pool)
     own, position = len(node.inputs), step.position
-    others = [(p == "C", np.dtype(t.dtype)) for j, (p, t) in enumerate(zip(step.patterns, step.inputs))
-              if j != position]
-    dtype = np.dtype(node.dtype)
 
-    last = [(), None]  # the last call's group inputs and their epilogue, while it can serve again
-
-    def compiled_epilogue(inputs):
-        """The CompiledEpilogue of the group's other inputs: the last one where they
-        are the same arrays, read in place (a layer's weights, on each call)."""
-        known, epilogue = last
-        if epilogue is not None and len(known) == len(inputs):
-            for a, b in zip(known, inputs):
-                if a is not b:
-                    break
-            else:
-                return epilogue
-        keep, numbers_, widths, in_place = [], [], [], True
-        for (row, kind), a in zip(others, inputs):
-            # C-contiguous and in the kernel's types: it reads them by address
-            in_place = in_place and type(a) is np.ndarray and a.dtype == kind and a.flags.c_contiguous
-            a = np.asarray(a, dtype=kind).reshape(-1)
-            keep.append(a)
-            numbers_.append(parts.address(a))
-            if row:
-                widths.append(a.size)
-        epilogue = parts.CompiledEpilogue(module.EPILOGUE_PART, dtype, numbers_, keep, widths)
-        # a copy would miss a change made in place to the array it came from
-        last[:] = (inputs, epilogue) if in_place else ((), None)
-        return epilogue
+    epilogues = _Epilogues(step, module)
 
     def call(*arrays):
-        epilogue = compiled_epilogue(arrays[own:])
+        epilogue = epilogues.of(arrays[own:])
         try:
             if pool_first:
                 return impl(*arrays[:own], epilogue=epilogue, pool_first=True)

@@ -110,7 +110,7 @@ class Plan:
         module = codegen.load_kernel(codegen.generate_source(step.rows_spec, into=True))
         self.kernels.append(module)
         call = bind("L", step.lowering.plan_callable_with_epilogue(
-            step, module, numpy_group(step.group, step.inputs)))
+            step, module, numpy_group(step.group, step.inputs), self.program.written))
         node = step.node.op
         label = (f"{node}+pool+fused[{module.KEY[:8]}]" if step.pool_first else
                  f"{node}+fused[{module.KEY[:8]}]" + ("" if step.pool is None else "+pool"))

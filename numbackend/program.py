@@ -267,7 +267,7 @@ class _Builder:
         node's only reader."""
         targets = self.program.targets
         lowering = lowering_of(node)
-        if (not lowering.takes_epilogue or not isinstance(g, Group) or g.k or len(g.outputs) != 1
+        if (not lowering.takes_epilogue(node) or not isinstance(g, Group) or g.k or len(g.outputs) != 1
                 or node.id in self.windows or any(t is node for t in targets)):
             return None
         out = g.outputs[0]

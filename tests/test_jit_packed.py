@@ -182,15 +182,19 @@ def test_packed_products_call_their_helpers_with_one_signature():
 
     from tests.source_checks import compiled_calls, literal_calls
     matrix, panels = types.float32[:, ::1], types.float32[:, :, ::1]
+    epilogue = types.int64[::1]
+    then = (matrix, panels, matrix, epilogue, types.int64)
     for function, args in [(packed.matmul, (matrix, matrix, matrix)),
                            (packed.matmul_packed, (matrix, panels, matrix)),
+                           (packed.matmul_packed_then, then),
                            (packed._last_panel_product, (matrix, types.int64, types.int64, matrix, matrix,
                                                           types.int64, types.int64))]:
         assert literal_calls(function, args) == [], function.py_func.__name__
     columns = types.float32[:, :]  # a part's columns of out (parts of matmul_packed_in_parts)
     products = {signature for function, args in [(packed.matmul, (matrix, matrix, matrix)),
-                                                      (packed.matmul_packed, (matrix, panels, matrix)),
-                                                      (packed.matmul_packed, (matrix, panels, columns))]
+                                                      (packed.matmul_packed_then, then),
+                                                      (packed.matmul_packed_then,
+                                                       (matrix, panels, columns, epilogue, types.int64))]
                 for callee, signature in compiled_calls(function, args) if callee is packed._product}
     assert len(products) == 1, products
     (product,) = products
@@ -302,3 +306,35 @@ def test_a_value_sums_its_chunks_alike_whatever_rows_and_panels_surround_it():
     np.testing.assert_array_equal(narrow, whole[:, :width + 3])
     # and not by chance: summed in another order the bits differ
     assert not np.array_equal(whole, (a.astype(np.float64) @ b).astype("float32"))
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("m", [1, 2 * 6 + 1, None])
+def test_products_run_an_epilogue_on_each_block_of_their_columns(monkeypatch, threads, m):
+    """With a compiled epilogue (out = product * 2 + v here), each part runs it on
+    its columns of each block of rows, reading the row vector from its first
+    column on: the bits of the parts' product then the epilogue, over several blocks
+    and chunks, a narrow last panel, and one row (ONE_ROW_PANELS panels at a
+    time)."""
+    from tests.test_jit_parts import _scaled_plus_row_epilogue
+    if min(threads, 2) > blas.threads():
+        pytest.skip("OpenBLAS has fewer threads here")
+    monkeypatch.setattr(blas, "threads", lambda: threads)
+    k = 2 * CHUNK32 + 3
+    m = 2 * packed.block_rows(k, 4) + 1 if m is None else m
+    n = 7 * WIDTH32 + 3
+    rng = np.random.default_rng(m + threads)
+    a = rng.standard_normal((m, k)).astype("float32")
+    panels = packed.pack(rng.standard_normal((k, n)).astype("float32"), False)
+    epilogue, vector = _scaled_plus_row_epilogue(columns=n)
+    out, plain = np.full((m, n), np.nan, "float32"), np.empty((m, n), "float32")
+    packed.matmul_packed_in_parts(a, panels, out, epilogue.template)
+    packed.matmul_packed_in_parts(a, panels, plain)
+    np.testing.assert_array_equal(out, plain * np.float32(2) + vector)
+    want = (a.astype(np.float64) @ packed_columns(panels, n)) * 2 + vector
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def packed_columns(panels, n):
+    """The k x n matrix whose panels :func:`packed.pack` laid out in ``panels``."""
+    return np.concatenate(list(panels), axis=1)[:, :n].astype(np.float64)

@@ -31,16 +31,17 @@ def test_parts_run_every_row_once(monkeypatch, count, threads):
 
 def _scaled_plus_row(d):
     """A compiled epilogue (see parts.CompiledEpilogue): out = block * s + v, the
-    float32 row vector v and the float32 scalar s at the descriptor's first two
-    numbers."""
-    rows, columns = d[1], d[2]
-    block = parts.array_at(d[3], (rows, columns), np.float32)
-    out = parts.array_at(d[4], (rows, columns), np.float32)
-    vector = parts.array_at(d[parts.EPILOGUE_HEAD], (columns,), np.float32)
+    float32 row vector v (from the block's first column on) and the float32
+    scalar s at the descriptor's first two numbers; the block's and out's rows
+    d[5] and d[6] items apart."""
+    rows, columns, first = d[1], d[2], d[7]
+    block = parts.array_at(d[3], (rows, d[5]), np.float32)
+    out = parts.array_at(d[4], (rows, d[6]), np.float32)
+    vector = parts.array_at(d[parts.EPILOGUE_HEAD], (first + columns,), np.float32)
     scale = parts.array_at(d[parts.EPILOGUE_HEAD + 1], (1,), np.float32)[0]
     for i in range(rows):
         for j in range(columns):
-            out[i, j] = block[i, j] * scale + vector[j]
+            out[i, j] = block[i, j] * scale + vector[first + j]
 
 
 _scaled_plus_row_part = parts.compiled_part(_scaled_plus_row)
@@ -66,6 +67,19 @@ def test_compiled_epilogue_from_python_and_from_compiled_code():
     out[:] = 0
     parts.run_epilogue(epilogue.template, block[1:], out[1:])  # as compiled loops call it
     np.testing.assert_array_equal(out, np.vstack([np.zeros(4), block[1:] * 2 + vector]))
+
+
+def test_compiled_epilogue_on_a_block_of_columns():
+    """run_epilogue_rows hands the part the rows' distances in the block and in
+    out, and the first column its row vectors start from: a part of a
+    product's columns, written from a block of its own."""
+    epilogue, vector = _scaled_plus_row_epilogue(columns=10)
+    block = np.arange(21, dtype=np.float32).reshape(3, 7) - 5
+    out = np.zeros((3, 10), np.float32)
+    parts.run_epilogue_rows(epilogue.template, block[:, :4], out[:, 6:], 6)
+    want = np.zeros((3, 10), np.float32)
+    want[:, 6:] = block[:, :4] * 2 + vector[6:]
+    np.testing.assert_array_equal(out, want)
 
 
 def test_compiled_epilogue_refuses_blocks_it_does_not_fit():

@@ -248,25 +248,33 @@ def generate_source(spec, into=False, step_block=False):
     return "\n".join(lines) + "\n"
 
 
-class RowPart:
-    """A fused kernel's row part (``row_part``, a jit_kernels.parts compiled
-    part) as a later tier: its compile (a few hundredths of a second; a load
-    where the cache has it) runs on the tiers' worker from the kernel's first
-    large call, which runs the serial loop on the calling thread meanwhile, so
-    that no call after a function's first waits for a compile; at once where
-    tiers compile in the call (tuning.TIER_COMPILE, a warm-up)."""
+class LaterPart:
+    """A jit_kernels.parts compiled part as a later tier: its compile (a few
+    hundredths of a second; a load where the cache has it) runs on the tiers'
+    worker from the first call that asks for it, which does without it
+    meanwhile (``instead``, in words), so that no call after a function's first
+    waits for a compile; at once where tiers compile in the call
+    (tuning.TIER_COMPILE, a warm-up)."""
 
-    def __init__(self, part):
+    def __init__(self, part, what, instead):
         self.part = part
         self.compiled = False
-        self.later = tiers.Later("a fused kernel's row part", "numbackend: a fused kernel's row "
-                                 "part did not compile, so its large calls run on one thread")
+        self.later = tiers.Later(what, f"numbackend: {what} did not compile, so {instead}")
 
     def ready(self):
-        """Whether the row part is compiled (its compile starts at the first ask)."""
+        """Whether the part is compiled (its compile starts at the first ask)."""
         if not self.compiled:
             self.compiled = self.later.ready(lambda: self.part)
         return self.compiled
+
+
+class RowPart(LaterPart):
+    """A fused kernel's row part (``row_part``): its kernel's first large call,
+    and the large calls until it has compiled, run the serial loop on the
+    calling thread."""
+
+    def __init__(self, part):
+        super().__init__(part, "a fused kernel's row part", "its large calls run on one thread")
 
 
 class ParallelLoop:

@@ -299,33 +299,49 @@ class Dot(Lowering):
         """The plan's callable for a program.LibraryWithEpilogue of a product by
         weights: ``call(x, w, *group_inputs_but_node)``.  Where the product runs
         on the weights' panels, its parts run the group as ``module``'s
-        compiled part; else the group runs after it, as ``module``'s kernel
-        (``fallback``, NumPy's, where the run-time shapes do not fit the part)."""
+        compiled part once that has compiled: a later tier, from the second
+        call (a compile on the tiers' worker during the first would hold up
+        that call's own compiles: Numba compiles one function at a time).
+        Else the group runs after the product, as ``module``'s kernel
+        (``fallback``, NumPy's, where the run-time shapes do not fit it)."""
         from jit_kernels import parts  # not at import: it loads BLAS
+
+        from . import codegen
         product = ProductByWeights(step.node, step.node.inputs[1].id in written)
         epilogues = _Epilogues(step, module)
+        part = codegen.LaterPart(module.EPILOGUE_PART, "a product's epilogue part",
+                                 "its epilogue runs after the product")
         position = step.position
         dtype = np.dtype(step.node.dtype)
         # the group's other inputs as its kernel over rows takes them: row vectors, scalars
         patterns = [p for j, p in enumerate(step.patterns) if j != position]
 
+        calls = [0]
+
         def call(x, w, *others):
-            epilogue = epilogues.of(others)
-            try:
-                epilogue.check(w.shape[-1], dtype)
-            except parts.EpilogueMismatch:
-                epilogue = None
+            calls[0] += 1
+            ready = (calls[0] > 1 or tiers.warming()) and part.ready()
+            epilogue = epilogues.of(others) if ready else None
+            if epilogue is not None:
+                try:
+                    epilogue.check(w.shape[-1], dtype)
+                except parts.EpilogueMismatch:
+                    return fallback_after(product(x, w), others)
             out, done = product.run(x, w, None if epilogue is None else epilogue.template)
             if done:
                 return out
-            if epilogue is None:
-                inputs = list(others)
-                inputs.insert(position, out)
-                return fallback(*inputs)[0]
             inputs = [np.asarray(a).reshape(-1) for a in others]
             inputs = [a[0] if p == "S" else a for a, p in zip(inputs, patterns)]
             inputs.insert(position, out)
-            return module.run(*inputs)[0]
+            try:
+                return module.run(*inputs)[0]
+            except ValueError:  # run-time shapes broadcast unlike the static ones
+                return fallback_after(out, others)
+
+        def fallback_after(out, others):
+            inputs = list(others)
+            inputs.insert(position, out)
+            return fallback(*inputs)[0]
         return call
 
     def compiled_lines(self, node, ins, out, render, pool=None):

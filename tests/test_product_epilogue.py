@@ -74,6 +74,7 @@ def test_a_dense_layers_bias_and_activation_run_in_its_product_parts(
     assert len(labels) == 1 and labels[0].startswith("dot+fused")
     assert [step.kind for step in apart.plan.steps] == ["library", "kernel"]
     rng = np.random.default_rng(threads)
+    fused([rng.standard_normal((1, K_IN)).astype(dtype)])  # the part, a later tier, from the second call
     tol = 1e-4 if dtype == "float32" else 1e-12
     blocks = 2 * packed.block_rows(K_IN, np.dtype(dtype).itemsize) + 1
     for rows in (1, 7, blocks):
@@ -100,14 +101,49 @@ def test_the_group_runs_after_a_product_that_is_not_on_panels(epilogue_runs, bia
     np.testing.assert_array_equal(value, apart([a])[0])
 
 
-def test_the_plan_and_the_whole_call_give_the_same_bits(plan_runs, epilogue_runs):
+def test_the_plan_and_the_whole_call_give_the_same_bits(plan_runs, tuned, epilogue_runs):
     """The whole call runs the product, then the group's kernel: the bits of the
-    plan's parts."""
+    plan's parts, and of its first call, which runs the group after the
+    product (the part being a later tier)."""
     fused, _, formula = _functions("float32")
     runs = plan_runs(fused)
+    tuned(ONE_CALL_AFTER=3)
     a = np.random.default_rng(2).standard_normal((5, K_IN)).astype("float32")
-    results = [fused([a])[0] for _ in range(3)]  # the plan, then the whole call
-    assert runs[0] == 1 and epilogue_runs == [(5, True)]
+    results = [fused([a])[0] for _ in range(4)]  # the plan twice, then the whole call
+    assert runs[0] == 2 and epilogue_runs == [(5, False), (5, True)]
     np.testing.assert_allclose(results[0], formula(a), rtol=1e-4, atol=1e-4)
     for result in results[1:]:
         np.testing.assert_array_equal(result, results[0])
+
+
+def test_the_epilogue_part_is_a_later_tier(tuned, epilogue_runs):
+    """The epilogue's part compiles from the second call, where tiers compile in
+    the background on the tiers' worker: the group runs after its product
+    meanwhile; the calls then run it in the product's parts, with the same
+    bits."""
+    import threading
+    import time
+
+    from numbackend import tiers
+    tuned(TIER_COMPILE="background")
+    hold = threading.Event()
+    holding = tiers.submit("holding the worker", lambda: hold.wait(120))
+    try:
+        # a group of its own: a module loaded by another test may have compiled its part
+        x, y, _, formula = _dense("float32", seed=5)
+        f = K.function([x], [ops.apply("tanh", y) * 3.0])
+        a = np.random.default_rng(3).standard_normal((7, K_IN)).astype("float32")
+        first = f([a])[0]
+        np.testing.assert_allclose(first, np.tanh(formula(a)) * 3.0, rtol=1e-5, atol=1e-5)
+        for _ in range(3):
+            np.testing.assert_array_equal(f([a])[0], first)
+        assert epilogue_runs == [(7, False)] * 4
+    finally:
+        hold.set()
+    assert holding.wait(120)
+    deadline = time.monotonic() + 300
+    while not epilogue_runs[-1][1] and time.monotonic() < deadline:
+        time.sleep(0.01)  # the part's compile, queued behind the held job
+        f([a])
+    np.testing.assert_array_equal(f([a])[0], first)
+    assert epilogue_runs[-1] == (7, True)

@@ -70,3 +70,20 @@ def llvm_fills_512_bits_by_default():
     passes = llvm.create_pass_builder(machine, options)
     passes.getModulePassManager().run(module, passes)
     return "zmm" in machine.emit_assembly(module)
+
+
+def report_threads(monkeypatch, count):
+    """``blas.threads()`` reports ``count``, so that work splits as for that many
+    threads.  Beyond OpenBLAS's own threads the parts then run one after
+    another on the calling thread: on the pool, OpenBLAS would queue more
+    parts than it has threads, waiting for a sleeping thread that it wakes
+    only once all are queued."""
+    from jit_kernels import parts
+    real = blas.threads()
+    monkeypatch.setattr(blas, "threads", lambda: count)
+    if count > real:
+        def one_after_another(part, descriptors):
+            function = part()[1]
+            for row in np.ascontiguousarray(descriptors, np.int64):
+                function(row.ctypes.data)
+        monkeypatch.setattr(parts, "run", one_after_another)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from jit_kernels import blas, packed, tuning
+from tests.kernel_helpers import report_threads
 
 WIDTH32 = packed.panel_width(4)
 
@@ -152,7 +153,7 @@ def test_matmul_packed_in_parts_matches_the_definition(monkeypatch, threads, dty
     threads), a last part of fewer panels, or of a narrow last panel."""
     if min(threads, 2) > blas.threads():
         pytest.skip("OpenBLAS has fewer threads here")
-    monkeypatch.setattr(blas, "threads", lambda: threads)
+    report_threads(monkeypatch, threads)
     rng = np.random.default_rng(m * 100 + k * 10 + n)
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
@@ -319,7 +320,7 @@ def test_products_run_an_epilogue_on_each_block_of_their_columns(monkeypatch, th
     from tests.test_jit_parts import _scaled_plus_row_epilogue
     if min(threads, 2) > blas.threads():
         pytest.skip("OpenBLAS has fewer threads here")
-    monkeypatch.setattr(blas, "threads", lambda: threads)
+    report_threads(monkeypatch, threads)
     k = 2 * CHUNK32 + 3
     m = 2 * packed.block_rows(k, 4) + 1 if m is None else m
     n = 7 * WIDTH32 + 3

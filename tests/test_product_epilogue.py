@@ -6,7 +6,7 @@ import pytest
 
 from numbackend import core as K
 from numbackend import lowering, ops
-from tests.kernel_helpers import needs_blas
+from tests.kernel_helpers import needs_blas, report_threads
 
 pytestmark = needs_blas
 
@@ -68,7 +68,7 @@ def test_a_dense_layers_bias_and_activation_run_in_its_product_parts(
     from jit_kernels import blas, packed
     if min(threads, 2) > blas.threads():
         pytest.skip("OpenBLAS has fewer threads here")
-    monkeypatch.setattr(blas, "threads", lambda: threads)
+    report_threads(monkeypatch, threads)
     fused, apart, formula = _functions(dtype, bias)
     labels = [step.label for step in fused.plan.steps]
     assert len(labels) == 1 and labels[0].startswith("dot+fused")

@@ -248,27 +248,7 @@ def generate_source(spec, into=False, step_block=False):
     return "\n".join(lines) + "\n"
 
 
-class LaterPart:
-    """A jit_kernels.parts compiled part as a later tier: its compile (a few
-    hundredths of a second; a load where the cache has it) runs on the tiers'
-    worker from the first call that asks for it, which does without it
-    meanwhile (``instead``, in words), so that no call after a function's first
-    waits for a compile; at once where tiers compile in the call
-    (tuning.TIER_COMPILE, a warm-up)."""
-
-    def __init__(self, part, what, instead):
-        self.part = part
-        self.compiled = False
-        self.later = tiers.Later(what, f"numbackend: {what} did not compile, so {instead}")
-
-    def ready(self):
-        """Whether the part is compiled (its compile starts at the first ask)."""
-        if not self.compiled:
-            self.compiled = self.later.ready(lambda: self.part)
-        return self.compiled
-
-
-class RowPart(LaterPart):
+class RowPart(tiers.LaterPart):
     """A fused kernel's row part (``row_part``): its kernel's first large call,
     and the large calls until it has compiled, run the serial loop on the
     calling thread."""

@@ -305,11 +305,9 @@ class Dot(Lowering):
         Else the group runs after the product, as ``module``'s kernel
         (``fallback``, NumPy's, where the run-time shapes do not fit it)."""
         from jit_kernels import parts  # not at import: it loads BLAS
-
-        from . import codegen
         product = ProductByWeights(step.node, step.node.inputs[1].id in written)
         epilogues = _Epilogues(step, module)
-        part = codegen.LaterPart(module.EPILOGUE_PART, "a product's epilogue part",
+        part = tiers.LaterPart(module.EPILOGUE_PART, "a product's epilogue part",
                                  "its epilogue runs after the product")
         position = step.position
         dtype = np.dtype(step.node.dtype)

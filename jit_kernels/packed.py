@@ -292,7 +292,7 @@ def _product(a, b, panel_step, ldb, last_panel, out, lda, ldo, epilogue, first_c
     for block in range(0, m, rows):
         end = min(m, block + rows)
         target = scratch[:end - block] if epilogue.size else out[block:end]
-        ldt = n if epilogue.size else ldo
+        ldt = target.strides[0] // target.itemsize
         for start in range(0, max(1, k), depth):  # k = 0 still writes out's zeros
             size = min(depth, k - start)
             later = 1 if start > 0 else 0

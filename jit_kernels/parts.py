@@ -422,17 +422,24 @@ class CompiledEpilogue:
         run_epilogue(self.template, block, out)
 
 
+@njit_cached(inline='always')
+def _epilogue_on(template, block, out, first_column):
+    """The epilogue of ``template`` from ``block`` into ``out``, with a
+    descriptor of its own laid out by :data:`EPILOGUE_HEAD`."""
+    descriptor = template.copy()
+    descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
+    descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
+    descriptor[5], descriptor[6] = block.strides[0] // block.itemsize, out.strides[0] // out.itemsize
+    descriptor[7] = first_column
+    _call_part(descriptor[0], descriptor)
+
+
 @njit_cached(nogil=True)
 def run_epilogue(template, block, out):
     """The epilogue of ``template`` (a :class:`CompiledEpilogue`'s) from ``block``
     into ``out``, C-contiguous (rows, columns) arrays of its type.  From
     compiled code too: each call has its own descriptor."""
-    descriptor = template.copy()
-    descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
-    descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
-    descriptor[5] = descriptor[6] = block.shape[1]
-    descriptor[7] = 0
-    _call_part(descriptor[0], descriptor)
+    _epilogue_on(template, block, out, 0)
 
 
 @njit_cached(nogil=True)
@@ -441,9 +448,4 @@ def run_epilogue_rows(template, block, out, first_column):
     of its type apart whose rows are contiguous (``out`` a part's columns of
     a larger array, as a part of a product writes them); their columns are
     the epilogue's row vectors' from ``first_column`` on."""
-    descriptor = template.copy()
-    descriptor[1], descriptor[2] = block.shape[0], block.shape[1]
-    descriptor[3], descriptor[4] = block.ctypes.data, out.ctypes.data
-    descriptor[5], descriptor[6] = block.strides[0] // block.itemsize, out.strides[0] // out.itemsize
-    descriptor[7] = first_column
-    _call_part(descriptor[0], descriptor)
+    _epilogue_on(template, block, out, first_column)

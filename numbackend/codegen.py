@@ -337,20 +337,20 @@ def _epilogue_part(spec, buffers):
     for j, ct in buffers:
         lines.append(f"    s{j} = np.empty((min(rows, {tuning.FUSED_ROW_BLOCKS}), columns), "
                      f"dtype={scalar_type(ct)})")
-    call = f"SERIAL_LOOP({', '.join(_kernel_args(spec, buffers))})"
+    args = ", ".join(_kernel_args(spec, buffers)[2:])  # after the loop's R and C
     if not spec.flat:
         lines += [f"    {name} = parts.array_at({at}, (rows, {ld}), {item})" for name, at, ld, item, _ in names]
-        lines += [f"    {call.replace('R, C', 'rows, columns')}"]
+        lines += [f"    SERIAL_LOOP(rows, columns, {args})"]
     else:
         lines += ["    if d[5] == columns and d[6] == columns:"]
         lines += [f"        {name} = parts.array_at({at}, rows * columns, {item})"
                   for name, at, _, item, _ in names]
-        lines += [f"        {call.replace('R, C', 'rows, columns')}",
+        lines += [f"        SERIAL_LOOP(rows, columns, {args})",
                   "        return",
                   "    for r in range(rows):"]
         lines += [f"        {name} = parts.array_at({at} + r * {ld} * {size}, columns, {item})"
                   for name, at, ld, item, size in names]
-        lines += [f"        {call.replace('R, C', '1, columns')}"]
+        lines += [f"        SERIAL_LOOP(1, columns, {args})"]
     lines += ["", "", "EPILOGUE_PART = parts.compiled_part(epilogue_part)"]
     return lines
 

@@ -29,7 +29,8 @@ NOT_RECORDED = {
     # inline='always' helpers whose callers inline them (no code of their own compiled);
     # _winograd_scratch_size is called from Python only on Winograd's chunk-by-chunk
     # path (a finisher of Python's over many bands), which no workload takes
-    "parts.now_ns", "parts.array_at", "packed.matmul_packed_panels", "winograd._pooled_row",
+    "parts.now_ns", "parts.array_at", "parts._epilogue_on", "packed.matmul_packed_panels",
+    "winograd._pooled_row",
     "winograd._winograd_scratch_size",
     # what only an export's plan calls (numbackend.export, whose compile links them in)
     "conv.winograd_or_direct", "pool.max_pool_2x2", "winograd._parts_here",
